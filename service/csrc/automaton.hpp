@@ -1,0 +1,232 @@
+// Online generalized suffix automaton over one prompt and the responses that
+// continue it.
+//
+// A request's own automaton is the one-member case: the prompt followed by the
+// request's output.  A group automaton indexes the prompt once and then every
+// sibling's response, each sibling extending its own string from the prompt's
+// end state; states and transitions are shared, so a sibling that is behind
+// finds the text a sibling ahead of it already wrote.
+//
+// Appending a token is amortized O(1) (the classic online construction, with
+// the two extra cases that make it correct for several strings); the longest
+// suffix of a member's string that occurs elsewhere in the automaton comes out
+// of the same step, so drafting costs O(1) plus the draft length.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "flat_map.hpp"
+
+namespace samrollout {
+
+// Which occurrence of the matched suffix supplies the draft.
+enum class Occurrence : int32_t { kFirst = 0, kRecent = 1 };
+
+// Where a string position lives: member `sid` (0 is the shared prompt) at
+// logical position `pos` of prompt + that member's response.
+struct Position {
+  int32_t sid = -1;
+  int32_t pos = -1;
+};
+
+// The longest earlier match found for a member's current suffix.
+struct Match {
+  int32_t state = 0;   // automaton state of the matched suffix (0: none)
+  int32_t length = 0;  // number of tokens matched
+  Position anchor;     // where the chosen occurrence of the match ends
+};
+
+class Automaton {
+ public:
+  explicit Automaton(Occurrence occurrence) : occurrence_(occurrence) {
+    new_state(0, -1, Position{}, Position{});
+  }
+
+  // Indexes the shared prompt; call once, before any member is added.
+  void set_prompt(const int32_t* tokens, std::size_t count) {
+    prompt_.assign(tokens, tokens + count);
+    int32_t last = 0;
+    for (std::size_t i = 0; i < count; ++i) {
+      Position at{0, static_cast<int32_t>(i)};
+      last = extend(last, tokens[i], at, &prompt_match_);
+    }
+    prompt_end_ = last;
+  }
+
+  // Whether `tokens` is exactly the indexed prompt (siblings share it).
+  bool same_prompt(const int32_t* tokens, std::size_t count) const {
+    return count == prompt_.size() && std::equal(prompt_.begin(), prompt_.end(), tokens);
+  }
+
+  // Adds a member whose string starts as the prompt; returns its string id.
+  int32_t add_member() {
+    members_.push_back(Member{prompt_end_, {}, prompt_match_});
+    return static_cast<int32_t>(members_.size());  // sid 0 is the prompt
+  }
+
+  // Appends one token to member `sid` and updates its match.
+  void append(int32_t sid, int32_t token) {
+    Member& m = members_[sid - 1];
+    Position at{sid, static_cast<int32_t>(prompt_.size() + m.tokens.size())};
+    m.tokens.push_back(token);
+    m.last = extend(m.last, token, at, &m.match);
+  }
+
+  const Match& match(int32_t sid) const { return members_[sid - 1].match; }
+
+  // Number of tokens member `sid`'s string holds (prompt included).
+  std::size_t length(int32_t sid) const {
+    return prompt_.size() + members_[sid - 1].tokens.size();
+  }
+
+  // Writes up to `limit` tokens that followed the member's match into `out`;
+  // returns how many.  When the chosen occurrence has no continuation yet (it
+  // ends where a sibling's string ends), shorter matches are tried, at most
+  // `kMaxFallbackHops` suffix links up, keeping drafting O(1).
+  int32_t continuation(int32_t sid, int32_t limit, int32_t* out, int32_t* match_length) const {
+    const Match& match = members_[sid - 1].match;
+    int32_t state = match.state;
+    Position anchor = match.anchor;
+    int32_t length = match.length;
+    for (int hop = 0; state > 0 && hop <= kMaxFallbackHops; ++hop) {
+      const int32_t source = anchor.sid == 0 ? sid : anchor.sid;
+      const int32_t available = static_cast<int32_t>(length_of(source)) - 1 - anchor.pos;
+      if (available > 0) {
+        const int32_t n = available < limit ? available : limit;
+        for (int32_t i = 0; i < n; ++i) out[i] = token_at(source, anchor.pos + 1 + i);
+        *match_length = length;
+        return n;
+      }
+      state = link_[state];
+      length = len_[state];
+      anchor = first_[state];
+    }
+    *match_length = 0;
+    return 0;
+  }
+
+  std::size_t memory_bytes() const {
+    std::size_t bytes = prompt_.capacity() * sizeof(int32_t) + edges_.memory_bytes() +
+                        (len_.capacity() + link_.capacity() + head_.capacity()) * sizeof(int32_t) +
+                        (first_.capacity() + recent_.capacity()) * sizeof(Position) +
+                        (edge_token_.capacity() + edge_target_.capacity() + edge_next_.capacity()) *
+                            sizeof(int32_t);
+    for (const Member& m : members_) bytes += m.tokens.capacity() * sizeof(int32_t);
+    return bytes + members_.capacity() * sizeof(Member);
+  }
+
+  static constexpr int kMaxFallbackHops = 8;
+
+ private:
+  struct Member {
+    int32_t last;                 // state of the member's whole string
+    std::vector<int32_t> tokens;  // the member's response so far
+    Match match;                  // longest match of its current suffix
+  };
+
+  std::size_t length_of(int32_t sid) const {
+    return sid == 0 ? prompt_.size() : length(sid);
+  }
+
+  int32_t token_at(int32_t sid, int32_t pos) const {
+    const auto p = static_cast<std::size_t>(pos);
+    return p < prompt_.size() ? prompt_[p] : members_[sid - 1].tokens[p - prompt_.size()];
+  }
+
+  int32_t new_state(int32_t len, int32_t link, Position first, Position recent) {
+    len_.push_back(len);
+    link_.push_back(link);
+    first_.push_back(first);
+    recent_.push_back(recent);
+    head_.push_back(EdgeTable::kMissing);
+    return static_cast<int32_t>(len_.size() - 1);
+  }
+
+  int32_t next(int32_t state, int32_t token) const {
+    const int32_t edge = edges_.find(state, token);
+    return edge == EdgeTable::kMissing ? -1 : edge_target_[edge];
+  }
+
+  void add_edge(int32_t state, int32_t token, int32_t target) {
+    const auto edge = static_cast<int32_t>(edge_token_.size());
+    edge_token_.push_back(token);
+    edge_target_.push_back(target);
+    edge_next_.push_back(head_[state]);
+    head_[state] = edge;
+    edges_.insert(state, token, edge);
+  }
+
+  void retarget(int32_t state, int32_t token, int32_t target) {
+    edge_target_[edges_.find(state, token)] = target;
+  }
+
+  // Splits q so that a state of length len(p) + 1 exists on p's c-edge.
+  int32_t clone(int32_t p, int32_t token, int32_t q) {
+    const int32_t c = new_state(len_[p] + 1, link_[q], first_[q], recent_[q]);
+    for (int32_t e = head_[q]; e != EdgeTable::kMissing; e = edge_next_[e]) {
+      add_edge(c, edge_token_[e], edge_target_[e]);
+    }
+    while (p != -1 && next(p, token) == q) {
+      retarget(p, token, c);
+      p = link_[p];
+    }
+    link_[q] = c;
+    return c;
+  }
+
+  // Extends the string whose whole-string state is `last` by `token` at `at`;
+  // returns the new whole-string state and records the new longest match.
+  int32_t extend(int32_t last, int32_t token, Position at, Match* match) {
+    const int32_t existing = next(last, token);
+    if (existing != -1) {
+      // The extended string already occurs elsewhere (a sibling wrote it).
+      const int32_t state =
+          len_[existing] == len_[last] + 1 ? existing : clone(last, token, existing);
+      record_match(state, at, match);
+      return state;
+    }
+    const int32_t cur = new_state(len_[last] + 1, 0, at, at);
+    int32_t p = last;
+    while (p != -1 && next(p, token) == -1) {
+      add_edge(p, token, cur);
+      p = link_[p];
+    }
+    if (p != -1) {
+      const int32_t q = next(p, token);
+      link_[cur] = len_[q] == len_[p] + 1 ? q : clone(p, token, q);
+    }
+    record_match(link_[cur], at, match);
+    return cur;
+  }
+
+  // The match of the suffix ending at `at` is `state`: choose the occurrence to
+  // draft from (before `at` itself is recorded as the state's latest one).
+  void record_match(int32_t state, Position at, Match* match) {
+    match->state = state;
+    match->length = len_[state];
+    match->anchor = occurrence_ == Occurrence::kFirst ? first_[state] : recent_[state];
+    if (state != 0) recent_[state] = at;
+  }
+
+  Occurrence occurrence_;
+  std::vector<int32_t> prompt_;
+  int32_t prompt_end_ = 0;
+  Match prompt_match_;
+  std::vector<Member> members_;
+  // Per state.
+  std::vector<int32_t> len_;
+  std::vector<int32_t> link_;
+  std::vector<Position> first_;
+  std::vector<Position> recent_;
+  std::vector<int32_t> head_;
+  // Per edge (a singly linked list per state, for cloning) and the lookup table.
+  std::vector<int32_t> edge_token_;
+  std::vector<int32_t> edge_target_;
+  std::vector<int32_t> edge_next_;
+  EdgeTable edges_;
+};
+
+}  // namespace samrollout

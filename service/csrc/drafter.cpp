@@ -1,0 +1,257 @@
+#include "drafter.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+#include <string>
+#include <unordered_set>
+
+namespace samrollout {
+
+namespace {
+
+[[noreturn]] void fail(const std::string& message) { throw std::invalid_argument(message); }
+
+}  // namespace
+
+Drafter::Drafter(const DraftPolicy& policy) : policy_(policy) {
+  if (policy.vocab_size <= 0) fail("vocab_size must be positive");
+  if (policy.min_match_length < 1) fail("min_match_length must be at least 1");
+  if (!(policy.match_scale >= 0.0) || !std::isfinite(policy.match_scale)) {
+    fail("match_scale must be a finite number >= 0");
+  }
+  if (policy.occurrence != Occurrence::kFirst && policy.occurrence != Occurrence::kRecent) {
+    fail("occurrence must be first or recent");
+  }
+  if (policy.source != Source::kOwn && policy.source != Source::kGroup &&
+      policy.source != Source::kBoth) {
+    fail("source must be own, group or both");
+  }
+  if (policy.max_request_tokens < 1 || policy.max_group_tokens < 1) {
+    fail("token limits must be positive");
+  }
+  if (policy.max_request_tokens > (int64_t{1} << 30) || policy.max_group_tokens > (int64_t{1} << 30)) {
+    fail("token limits must be at most 2**30 (positions are 32-bit)");
+  }
+}
+
+Drafter::Request& Drafter::find(int64_t request) {
+  auto it = requests_.find(request);
+  if (it == requests_.end()) throw std::out_of_range("unknown request id " + std::to_string(request));
+  return it->second;
+}
+
+const Drafter::Request& Drafter::find(int64_t request) const {
+  auto it = requests_.find(request);
+  if (it == requests_.end()) throw std::out_of_range("unknown request id " + std::to_string(request));
+  return it->second;
+}
+
+void Drafter::check_tokens(const int32_t* tokens, std::size_t count) const {
+  for (std::size_t i = 0; i < count; ++i) {
+    if (tokens[i] < 0 || tokens[i] >= policy_.vocab_size) {
+      fail("token id " + std::to_string(tokens[i]) + " at index " + std::to_string(i) +
+           " is outside the vocabulary [0, " + std::to_string(policy_.vocab_size) + ")");
+    }
+  }
+}
+
+void Drafter::check_k(int32_t k) const {
+  if (k < 1 || k > kMaxDraftTokens) {
+    fail("k must be between 1 and " + std::to_string(kMaxDraftTokens) + ", got " + std::to_string(k));
+  }
+}
+
+void Drafter::add_request(int64_t request, const int32_t* prompt, std::size_t count, int64_t group) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (requests_.count(request)) fail("request id " + std::to_string(request) + " is already active");
+  check_tokens(prompt, count);
+  const auto length = static_cast<int64_t>(count);
+
+  Request r;
+  r.num_tokens = length;
+  if (group >= 0) {
+    auto [it, created] = groups_.try_emplace(group);
+    Group& g = it->second;
+    if (created) {
+      g.automaton = std::make_unique<Automaton>(policy_.occurrence);
+      g.tokens = length;
+      if (length > policy_.max_group_tokens) {
+        g.overflow = true;
+      } else {
+        g.automaton->set_prompt(prompt, count);
+      }
+    }
+    if (!g.overflow && !g.automaton->same_prompt(prompt, count)) {
+      // A sibling must continue the group's prompt; anything else drafts alone.
+      if (created) groups_.erase(it);
+    } else {
+      r.group = group;
+      r.group_sid = g.overflow ? 0 : g.automaton->add_member();
+      g.members += 1;
+    }
+  }
+  if (r.group < 0 || policy_.source != Source::kGroup) {
+    r.own = std::make_unique<Automaton>(policy_.occurrence);
+    if (length > policy_.max_request_tokens) {
+      r.own_overflow = true;
+      r.own.reset();
+    } else {
+      r.own->set_prompt(prompt, count);
+      r.own->add_member();
+    }
+  }
+  requests_.emplace(request, std::move(r));
+}
+
+void Drafter::append_locked(Request& r, const int32_t* tokens, std::size_t count) {
+  r.num_tokens += static_cast<int64_t>(count);
+  if (r.own && !r.own_overflow) {
+    if (r.num_tokens > policy_.max_request_tokens) {
+      r.own_overflow = true;
+      r.own.reset();  // the bound is hard: free what was indexed
+    } else {
+      for (std::size_t i = 0; i < count; ++i) r.own->append(1, tokens[i]);
+    }
+  }
+  if (r.group >= 0) {
+    Group& g = groups_.at(r.group);
+    if (!g.overflow) {
+      g.tokens += static_cast<int64_t>(count);
+      if (g.tokens > policy_.max_group_tokens) {
+        g.overflow = true;
+        g.automaton.reset();
+      } else {
+        for (std::size_t i = 0; i < count; ++i) g.automaton->append(r.group_sid, tokens[i]);
+      }
+    }
+  }
+}
+
+void Drafter::append(int64_t request, const int32_t* tokens, std::size_t count) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Request& r = find(request);
+  check_tokens(tokens, count);
+  append_locked(r, tokens, count);
+}
+
+int32_t Drafter::draft_length(int32_t match_length, int32_t k) const {
+  if (match_length < policy_.min_match_length) return 0;
+  if (policy_.match_scale <= 0.0) return k;
+  const double scaled = std::floor(policy_.match_scale * match_length);
+  const int32_t limit = scaled < 1.0 ? 1 : (scaled > k ? k : static_cast<int32_t>(scaled));
+  return std::min(limit, k);
+}
+
+int32_t Drafter::propose_locked(const Request& r, int32_t k, int32_t* out) const {
+  int32_t own_draft[kMaxDraftTokens];
+  int32_t own_match = 0;
+  int32_t own_count = 0;
+  if (r.own && !r.own_overflow) own_count = r.own->continuation(1, k, own_draft, &own_match);
+
+  int32_t group_match = 0;
+  int32_t group_count = 0;
+  int32_t group_draft[kMaxDraftTokens];
+  if (r.group >= 0 && policy_.source != Source::kOwn) {
+    const Group& g = groups_.at(r.group);
+    if (!g.overflow) group_count = g.automaton->continuation(r.group_sid, k, group_draft, &group_match);
+  }
+
+  // Prefer the longer match; on a tie the request's own history wins.
+  const bool use_group = group_count > 0 && (own_count == 0 || group_match > own_match);
+  const int32_t* source = use_group ? group_draft : own_draft;
+  const int32_t match = use_group ? group_match : own_match;
+  const int32_t available = use_group ? group_count : own_count;
+  const int32_t n = std::min(available, draft_length(match, k));
+  std::copy(source, source + n, out);
+  return n;
+}
+
+int32_t Drafter::propose(int64_t request, int32_t k, int32_t* out) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  check_k(k);
+  return propose_locked(find(request), k, out);
+}
+
+void Drafter::step(const int64_t* requests, std::size_t rows, const int32_t* tokens,
+                   const int64_t* offsets, int32_t k, int32_t* drafts, int32_t* lengths) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  check_k(k);
+  if (offsets[0] != 0) fail("offsets[0] must be 0");
+  std::vector<Request*> batch(rows);
+  std::unordered_set<int64_t> seen;
+  seen.reserve(rows);
+  for (std::size_t i = 0; i < rows; ++i) {
+    if (offsets[i + 1] < offsets[i]) fail("offsets must be non-decreasing");
+    if (!seen.insert(requests[i]).second) {
+      fail("request id " + std::to_string(requests[i]) + " appears twice in one step");
+    }
+    batch[i] = &find(requests[i]);
+  }
+  check_tokens(tokens, static_cast<std::size_t>(offsets[rows]));
+  for (std::size_t i = 0; i < rows; ++i) {
+    append_locked(*batch[i], tokens + offsets[i], static_cast<std::size_t>(offsets[i + 1] - offsets[i]));
+  }
+  for (std::size_t i = 0; i < rows; ++i) {
+    int32_t* row = drafts + i * static_cast<std::size_t>(k);
+    lengths[i] = propose_locked(*batch[i], k, row);
+    std::fill(row + lengths[i], row + k, -1);
+  }
+}
+
+void Drafter::remove_request(int64_t request) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = requests_.find(request);
+  if (it == requests_.end()) throw std::out_of_range("unknown request id " + std::to_string(request));
+  const int64_t group = it->second.group;
+  requests_.erase(it);
+  if (group >= 0) {
+    auto g = groups_.find(group);
+    if (--g->second.members == 0) groups_.erase(g);  // the last sibling frees the group
+  }
+}
+
+bool Drafter::has_request(int64_t request) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return requests_.count(request) != 0;
+}
+
+RequestInfo Drafter::info(int64_t request) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const Request& r = find(request);
+  RequestInfo out;
+  out.num_tokens = r.num_tokens;
+  out.own_overflow = r.own_overflow;
+  out.group = r.group;
+  if (r.own && !r.own_overflow) out.match_length = r.own->match(1).length;
+  if (r.group >= 0) {
+    const Group& g = groups_.at(r.group);
+    out.group_overflow = g.overflow;
+    if (!g.overflow) out.match_length = std::max(out.match_length, g.automaton->match(r.group_sid).length);
+  }
+  return out;
+}
+
+std::size_t Drafter::num_requests() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return requests_.size();
+}
+
+std::size_t Drafter::num_groups() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return groups_.size();
+}
+
+std::size_t Drafter::memory_bytes() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::size_t total = 0;
+  for (const auto& [id, r] : requests_) {
+    if (r.own) total += r.own->memory_bytes();
+  }
+  for (const auto& [id, g] : groups_) {
+    if (g.automaton) total += g.automaton->memory_bytes();
+  }
+  return total;
+}
+
+}  // namespace samrollout

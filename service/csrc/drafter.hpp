@@ -1,0 +1,93 @@
+// The drafter: per-request and per-group suffix automata, their lifecycle and
+// memory bounds, and the draft policy.  One object serves a whole engine; every
+// public call takes the object's lock, so Python threads may share it with the
+// GIL released.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "automaton.hpp"
+
+namespace samrollout {
+
+// Which automata a request drafts from.
+enum class Source : int32_t { kOwn = 0, kGroup = 1, kBoth = 2 };
+
+struct DraftPolicy {
+  int32_t vocab_size = 1 << 20;     // token ids must lie in [0, vocab_size)
+  int32_t min_match_length = 1;     // shorter matches propose nothing
+  double match_scale = 0.0;         // >0: draft at most max(1, scale * match) tokens
+  Occurrence occurrence = Occurrence::kFirst;
+  Source source = Source::kBoth;    // for requests that belong to a group
+  int64_t max_request_tokens = int64_t{1} << 22;  // own automaton bound
+  int64_t max_group_tokens = int64_t{1} << 24;    // group automaton bound
+};
+
+// What the drafter knows about one request, for stats and tests.
+struct RequestInfo {
+  int64_t num_tokens = 0;   // prompt + output indexed for this request
+  int32_t match_length = 0; // length of the match the next draft comes from
+  bool own_overflow = false;
+  bool group_overflow = false;
+  int64_t group = -1;
+};
+
+class Drafter {
+ public:
+  static constexpr int32_t kMaxDraftTokens = 64;
+
+  explicit Drafter(const DraftPolicy& policy);
+
+  void add_request(int64_t request, const int32_t* prompt, std::size_t count, int64_t group);
+  void append(int64_t request, const int32_t* tokens, std::size_t count);
+  // Writes up to k draft tokens into `out`; returns how many.
+  int32_t propose(int64_t request, int32_t k, int32_t* out);
+  // One engine step for a batch: rows[i] gets tokens[offsets[i]:offsets[i+1]]
+  // appended, then up to k drafts written to drafts[i*k ...], lengths[i] set.
+  // Everything is validated before any state changes.
+  void step(const int64_t* requests, std::size_t rows, const int32_t* tokens,
+            const int64_t* offsets, int32_t k, int32_t* drafts, int32_t* lengths);
+  void remove_request(int64_t request);
+
+  bool has_request(int64_t request) const;
+  RequestInfo info(int64_t request) const;
+  std::size_t num_requests() const;
+  std::size_t num_groups() const;
+  std::size_t memory_bytes() const;
+  const DraftPolicy& policy() const { return policy_; }
+
+ private:
+  struct Group {
+    std::unique_ptr<Automaton> automaton;
+    int32_t members = 0;
+    bool overflow = false;
+    int64_t tokens = 0;  // prompt once plus every member's output
+  };
+  struct Request {
+    std::unique_ptr<Automaton> own;  // null when drafting only from the group
+    bool own_overflow = false;
+    int64_t group = -1;
+    int32_t group_sid = 0;
+    int64_t num_tokens = 0;
+  };
+
+  Request& find(int64_t request);
+  const Request& find(int64_t request) const;
+  void check_tokens(const int32_t* tokens, std::size_t count) const;
+  void check_k(int32_t k) const;
+  void append_locked(Request& r, const int32_t* tokens, std::size_t count);
+  int32_t propose_locked(const Request& r, int32_t k, int32_t* out) const;
+  int32_t draft_length(int32_t match_length, int32_t k) const;
+
+  DraftPolicy policy_;
+  mutable std::mutex mutex_;
+  std::unordered_map<int64_t, Request> requests_;
+  std::unordered_map<int64_t, Group> groups_;
+};
+
+}  // namespace samrollout

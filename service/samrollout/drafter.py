@@ -1,0 +1,196 @@
+"""The SAM drafter: many concurrent requests, optional GRPO groups, one call per step.
+
+`SamDrafter` wraps the native core (``service/csrc``).  Requests are keyed by any
+hashable id (vLLM's request ids are strings); groups likewise.  The wrapper keeps
+only the id-to-handle maps: every per-token loop runs in C++ with the GIL released.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from samrollout._core import MAX_DRAFT_TOKENS, core
+from samrollout.tokens import Int32Array, as_token_array
+
+Occurrence = Literal["first", "recent"]
+Source = Literal["own", "group", "both"]
+_OCCURRENCES: tuple[Occurrence, ...] = ("first", "recent")
+_SOURCES: tuple[Source, ...] = ("own", "group", "both")
+
+
+@dataclass(frozen=True)
+class DraftPolicy:
+    """How drafts are chosen; defaults measured with ``bench/tune_policy.py`` on the bundled traces.
+
+    - ``occurrence``: which earlier occurrence of the matched suffix supplies the draft.
+      "recent" (the latest occurrence at which that suffix was the longest match) beat
+      "first" on the traces: reasoning loops repeat their latest variant.
+    - ``min_match_length``: matches shorter than this propose nothing.
+    - ``match_scale``: when > 0, a match of length L drafts at most max(1, floor(scale * L))
+      tokens (still capped by k); 0 drafts the full k whenever the match is long enough.
+    - ``source``: for a request in a group, draft from its own automaton, the group's, or
+      both (the longer match wins, the request's own on a tie).
+    - ``max_request_tokens`` / ``max_group_tokens``: hard bounds on indexed tokens; past
+      them the automaton is freed and that source proposes nothing (graceful fallback).
+    """
+
+    occurrence: Occurrence = "recent"
+    min_match_length: int = 2
+    match_scale: float = 0.0
+    source: Source = "both"
+    max_request_tokens: int = 1 << 22
+    max_group_tokens: int = 1 << 24
+
+    def __post_init__(self) -> None:
+        if self.occurrence not in _OCCURRENCES:
+            raise ValueError(f"occurrence must be one of {_OCCURRENCES}, got {self.occurrence!r}")
+        if self.source not in _SOURCES:
+            raise ValueError(f"source must be one of {_SOURCES}, got {self.source!r}")
+        if isinstance(self.min_match_length, bool) or int(self.min_match_length) < 1:
+            raise ValueError(f"min_match_length must be an integer >= 1, got {self.min_match_length!r}")
+        if not np.isfinite(self.match_scale) or self.match_scale < 0:
+            raise ValueError(f"match_scale must be a finite number >= 0, got {self.match_scale!r}")
+        for name in ("max_request_tokens", "max_group_tokens"):
+            value = getattr(self, name)
+            if int(value) < 1 or int(value) > 1 << 30:
+                raise ValueError(f"{name} must be between 1 and 2**30, got {value!r}")
+
+    def as_dict(self) -> dict[str, Any]:
+        """The policy as plain data (for JSON reports and configs)."""
+        return asdict(self)
+
+
+class SamDrafter:
+    """Suffix-automaton drafts for a changing set of requests.
+
+    Lifecycle: `add_request` (prompt, optional group) -> `append` / `step` as tokens are
+    accepted -> `propose` -> `remove_request` (frees the request; the last sibling to
+    leave frees its group's automaton).  Not a per-request object on purpose: one engine
+    step is one `step_arrays` call for the whole batch.
+    """
+
+    def __init__(self, vocab_size: int, policy: DraftPolicy | None = None) -> None:
+        self.policy = policy or DraftPolicy()
+        if isinstance(vocab_size, bool) or int(vocab_size) < 1:
+            raise ValueError(f"vocab_size must be a positive integer, got {vocab_size!r}")
+        self.vocab_size = int(vocab_size)
+        self._core = core.Core(
+            vocab_size=self.vocab_size,
+            min_match_length=int(self.policy.min_match_length),
+            match_scale=float(self.policy.match_scale),
+            occurrence=_OCCURRENCES.index(self.policy.occurrence),
+            source=_SOURCES.index(self.policy.source),
+            max_request_tokens=int(self.policy.max_request_tokens),
+            max_group_tokens=int(self.policy.max_group_tokens),
+        )
+        self._handles: dict[Hashable, int] = {}
+        self._request_group: dict[int, Hashable] = {}
+        self._groups: dict[Hashable, tuple[int, int]] = {}  # group id -> (handle, members)
+        self._next_handle = 0
+
+    # -- lifecycle -----------------------------------------------------------------
+    def add_request(self, request_id: Hashable, prompt: Sequence[int] | npt.NDArray[Any],
+                    group: Hashable | None = None) -> None:
+        """Start indexing a request's prompt; siblings pass the same ``group`` (and prompt)."""
+        if request_id in self._handles:
+            raise ValueError(f"request {request_id!r} is already active")
+        prompt_array = as_token_array(prompt, "prompt")
+        handle = self._new_handle()
+        group_handle = -1
+        if group is not None:
+            group_handle, members = self._groups.get(group, (self._new_handle(), 0))
+        self._core.add_request(handle, prompt_array, group_handle)
+        self._handles[request_id] = handle
+        if group is not None:
+            self._groups[group] = (group_handle, members + 1)
+            self._request_group[handle] = group
+
+    def remove_request(self, request_id: Hashable) -> None:
+        """Forget a finished or aborted request and free its memory."""
+        handle = self._handle(request_id)
+        self._core.remove_request(handle)
+        del self._handles[request_id]
+        group = self._request_group.pop(handle, None)
+        if group is not None:
+            group_handle, members = self._groups[group]
+            if members == 1:
+                del self._groups[group]
+            else:
+                self._groups[group] = (group_handle, members - 1)
+
+    # -- tokens and drafts -----------------------------------------------------------
+    def append(self, request_id: Hashable, tokens: Sequence[int] | npt.NDArray[Any]) -> None:
+        """Index tokens the request generated (accepted drafts and the bonus token)."""
+        self._core.append(self._handle(request_id), as_token_array(tokens))
+
+    def propose(self, request_id: Hashable, k: int) -> Int32Array:
+        """Up to ``k`` draft tokens for the request's next positions (may be empty)."""
+        result: Int32Array = self._core.propose(self._handle(request_id), _check_k(k))
+        return result
+
+    def step(self, request_ids: Sequence[Hashable], new_tokens: Sequence[Sequence[int] | npt.NDArray[Any]],
+             k: int) -> list[Int32Array]:
+        """Append each row's new tokens, then draft for every row, in one native call."""
+        if len(request_ids) != len(new_tokens):
+            raise ValueError("request_ids and new_tokens must have the same length")
+        handles = np.fromiter((self._handle(r) for r in request_ids), dtype=np.int64, count=len(request_ids))
+        arrays = [as_token_array(t, "new_tokens") for t in new_tokens]
+        offsets = np.zeros(len(arrays) + 1, dtype=np.int64)
+        np.cumsum([len(a) for a in arrays], out=offsets[1:])
+        flat = np.concatenate(arrays) if arrays else np.zeros(0, dtype=np.int32)
+        drafts, lengths = self.step_arrays(handles, flat, offsets, k)
+        return [drafts[i, : lengths[i]] for i in range(len(arrays))]
+
+    def step_arrays(self, handles: npt.NDArray[np.int64], tokens: Int32Array, offsets: npt.NDArray[np.int64],
+                    k: int) -> tuple[Int32Array, Int32Array]:
+        """Zero-copy batch step on native handles (see `handle`): (drafts[rows, k] padded -1, lengths)."""
+        result: tuple[Int32Array, Int32Array] = self._core.step(handles, tokens, offsets, _check_k(k))
+        return result
+
+    # -- introspection ---------------------------------------------------------------
+    def handle(self, request_id: Hashable) -> int:
+        """The native handle of an active request (for `step_arrays`)."""
+        return self._handle(request_id)
+
+    def info(self, request_id: Hashable) -> dict[str, Any]:
+        """Tokens indexed, current match length, overflow flags and group of a request."""
+        info: dict[str, Any] = self._core.info(self._handle(request_id))
+        return info
+
+    @property
+    def num_requests(self) -> int:
+        """Active requests."""
+        return int(self._core.num_requests)
+
+    @property
+    def num_groups(self) -> int:
+        """Groups with at least one active member."""
+        return int(self._core.num_groups)
+
+    def memory_bytes(self) -> int:
+        """Bytes held by all automata (tokens, states, transitions)."""
+        return int(self._core.memory_bytes())
+
+    def __contains__(self, request_id: object) -> bool:
+        return request_id in self._handles
+
+    def _handle(self, request_id: Hashable) -> int:
+        try:
+            return self._handles[request_id]
+        except KeyError:
+            raise KeyError(f"unknown request id {request_id!r}") from None
+
+    def _new_handle(self) -> int:
+        self._next_handle += 1
+        return self._next_handle
+
+
+def _check_k(k: int) -> int:
+    if isinstance(k, bool) or not isinstance(k, int | np.integer) or not 1 <= int(k) <= MAX_DRAFT_TOKENS:
+        raise ValueError(f"k must be an integer between 1 and {MAX_DRAFT_TOKENS}, got {k!r}")
+    return int(k)

@@ -1,0 +1,157 @@
+"""Lifecycle, limits and bad input of the drafter: what a serving engine relies on."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from samrollout import DraftPolicy, SamDrafter
+
+VOCAB = 1000
+
+
+def test_memory_returns_to_zero_after_thousands_of_requests_come_and_go():
+    drafter = SamDrafter(VOCAB)
+    rng = np.random.default_rng(1)
+    for i in range(3000):
+        drafter.add_request(f"req-{i}", rng.integers(0, VOCAB, size=64), group=f"g{i // 8}" if i % 3 else None)
+        drafter.step([f"req-{i}"], [rng.integers(0, VOCAB, size=32)], 3)
+        if i >= 16:
+            drafter.remove_request(f"req-{i - 16}")
+    for i in range(3000 - 16, 3000):
+        drafter.remove_request(f"req-{i}")
+    assert drafter.num_requests == 0
+    assert drafter.num_groups == 0
+    assert drafter.memory_bytes() == 0
+
+
+def test_group_outlives_finished_siblings_until_the_last_one_leaves():
+    drafter = SamDrafter(VOCAB, DraftPolicy(source="group", min_match_length=1))
+    drafter.add_request("a", [1, 2], group="g")
+    drafter.add_request("b", [1, 2], group="g")
+    drafter.append("a", [5, 6, 7, 8])
+    drafter.remove_request("a")
+    drafter.append("b", [5, 6])
+    assert drafter.propose("b", 2).tolist() == [7, 8]
+    drafter.remove_request("b")
+    assert drafter.num_groups == 0
+
+
+def test_sibling_with_a_different_prompt_drafts_alone():
+    drafter = SamDrafter(VOCAB, DraftPolicy(source="group", min_match_length=1))
+    drafter.add_request("a", [1, 2], group="g")
+    drafter.add_request("stranger", [9, 9, 9], group="g")
+    assert drafter.info("stranger")["group"] == -1
+    drafter.append("a", [3, 4, 5])
+    drafter.append("stranger", [3, 4])
+    assert drafter.propose("stranger", 3).tolist() == []
+
+
+def test_request_past_its_token_bound_stops_drafting_and_frees_its_automaton():
+    drafter = SamDrafter(VOCAB, DraftPolicy(min_match_length=1, max_request_tokens=100))
+    drafter.add_request("r", [1, 2, 3] * 10)
+    assert drafter.propose("r", 3).size > 0
+    before = drafter.memory_bytes()
+    drafter.append("r", [1, 2, 3] * 30)
+    assert drafter.info("r")["own_overflow"]
+    assert drafter.propose("r", 3).size == 0
+    assert drafter.memory_bytes() < before
+    drafter.append("r", [1, 2, 3])  # still accepted, still no drafts
+    assert drafter.propose("r", 3).size == 0
+
+
+def test_group_past_its_bound_falls_back_to_the_requests_own_automaton():
+    drafter = SamDrafter(VOCAB, DraftPolicy(min_match_length=1, max_group_tokens=50))
+    drafter.add_request("a", [1], group="g")
+    drafter.add_request("b", [1], group="g")
+    drafter.append("a", list(range(10, 70)))
+    assert drafter.info("b")["group_overflow"]
+    drafter.append("b", [4, 5, 6, 4, 5])
+    assert drafter.propose("b", 3).tolist() == [6, 4, 5]
+
+
+@pytest.mark.parametrize(
+    ("call", "error"),
+    [
+        (lambda d: d.propose("missing", 3), KeyError),
+        (lambda d: d.append("missing", [1]), KeyError),
+        (lambda d: d.remove_request("missing"), KeyError),
+        (lambda d: d.append("r", [-1]), ValueError),
+        (lambda d: d.append("r", [VOCAB]), ValueError),
+        (lambda d: d.append("r", [2**40]), ValueError),
+        (lambda d: d.append("r", np.array([1.0, 2.0])), TypeError),
+        (lambda d: d.append("r", ["a"]), TypeError),
+        (lambda d: d.append("r", [[1, 2]]), ValueError),
+        (lambda d: d.propose("r", 0), ValueError),
+        (lambda d: d.propose("r", 65), ValueError),
+        (lambda d: d.propose("r", 2.5), ValueError),
+        (lambda d: d.add_request("r", [1]), ValueError),
+        (lambda d: d.add_request("other", [1, -5]), ValueError),
+        (lambda d: d.step(["r", "r"], [[1], [2]], 3), ValueError),
+        (lambda d: d.step(["r"], [[1], [2]], 3), ValueError),
+        (lambda d: d.step(["r", "missing"], [[1], [2]], 3), KeyError),
+    ],
+)
+def test_bad_input_raises_a_clear_exception_and_leaves_state_intact(call, error):
+    drafter = SamDrafter(VOCAB, DraftPolicy(min_match_length=1))
+    drafter.add_request("r", [1, 2, 3, 1, 2])
+    before = (drafter.propose("r", 3).tolist(), drafter.info("r"))
+    with pytest.raises(error):
+        call(drafter)
+    assert (drafter.propose("r", 3).tolist(), drafter.info("r")) == before
+    assert "other" not in drafter
+
+
+def test_native_step_rejects_inconsistent_arrays():
+    drafter = SamDrafter(VOCAB)
+    drafter.add_request("r", [1, 2])
+    h = np.array([drafter.handle("r")], dtype=np.int64)
+    with pytest.raises(ValueError, match="offsets"):
+        drafter.step_arrays(h, np.array([1, 2], dtype=np.int32), np.array([0, 1], dtype=np.int64), 3)
+    with pytest.raises(ValueError, match="offsets"):
+        drafter.step_arrays(h, np.array([1], dtype=np.int32), np.array([0], dtype=np.int64), 3)
+    with pytest.raises(TypeError):
+        drafter.step_arrays(h, np.array([1], dtype=np.int64), np.array([0, 1], dtype=np.int64), 3)
+
+
+@pytest.mark.parametrize(
+    "policy",
+    [
+        {"occurrence": "last"},
+        {"source": "siblings"},
+        {"min_match_length": 0},
+        {"match_scale": -1.0},
+        {"match_scale": float("nan")},
+        {"max_request_tokens": 0},
+        {"max_group_tokens": 2**31},
+    ],
+)
+def test_invalid_policy_is_rejected_at_construction(policy):
+    with pytest.raises(ValueError):
+        DraftPolicy(**policy)
+
+
+def test_threads_sharing_one_drafter_get_the_same_drafts_as_one_thread():
+    prompts = {t: np.random.default_rng(t).integers(0, 5, size=200) for t in range(4)}
+    shared = SamDrafter(VOCAB)
+    results: dict[int, list[list[int]]] = {}
+
+    def worker(t: int) -> None:
+        shared.add_request(t, prompts[t][:20])
+        out = []
+        for i in range(20, 200, 4):
+            out.append(shared.step([t], [prompts[t][i: i + 4]], 3)[0].tolist())
+        results[t] = out
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in prompts]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    for t in prompts:
+        alone = SamDrafter(VOCAB)
+        alone.add_request(t, prompts[t][:20])
+        expected = [alone.step([t], [prompts[t][i: i + 4]], 3)[0].tolist() for i in range(20, 200, 4)]
+        assert results[t] == expected

@@ -1,0 +1,139 @@
+"""The native drafter proposes exactly what a brute-force search of the history finds."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from oracle import expected_length, group_occurrences, own_occurrences
+from samrollout import DraftPolicy, SamDrafter
+
+VOCAB = 50
+repetitive = st.lists(st.integers(0, 2), min_size=0, max_size=60)
+random_tokens = st.lists(st.integers(0, VOCAB - 1), min_size=0, max_size=60)
+sequences = st.one_of(repetitive, random_tokens)
+
+
+@settings(max_examples=300, deadline=None)
+@given(prompt=sequences, output=sequences, k=st.integers(1, 8), min_match=st.integers(1, 4),
+       scale=st.sampled_from([0.0, 0.5, 1.0]), chunk=st.integers(1, 5))
+def test_first_occurrence_draft_equals_brute_force_after_every_append(prompt, output, k, min_match, scale, chunk):
+    drafter = SamDrafter(VOCAB, DraftPolicy(occurrence="first", min_match_length=min_match, match_scale=scale))
+    drafter.add_request("r", prompt)
+    seq = list(prompt)
+    position = 0
+    while True:
+        length, ends = own_occurrences(seq)
+        draft = drafter.propose("r", k).tolist()
+        if ends:
+            e = min(ends)
+            n = expected_length(length, k, min_match, scale, len(seq) - 1 - e)
+            assert draft == seq[e + 1: e + 1 + n]
+        else:
+            assert draft == []
+        assert drafter.info("r")["match_length"] == length
+        if position >= len(output):
+            break
+        piece = output[position: position + chunk]
+        drafter.append("r", piece)
+        seq += piece
+        position += chunk
+
+
+@settings(max_examples=300, deadline=None)
+@given(tokens=sequences, k=st.integers(1, 8))
+def test_recent_occurrence_draft_continues_some_longest_earlier_match(tokens, k):
+    drafter = SamDrafter(VOCAB, DraftPolicy(occurrence="recent", min_match_length=1))
+    drafter.add_request("r", [])
+    seq: list[int] = []
+    for token in tokens:
+        drafter.append("r", [token])
+        seq.append(token)
+        length, ends = own_occurrences(seq)
+        draft = drafter.propose("r", k).tolist()
+        assert drafter.info("r")["match_length"] == length
+        if not ends:
+            assert draft == []
+            continue
+        assert any(draft == seq[e + 1: e + 1 + min(k, len(seq) - 1 - e)] for e in ends)
+
+
+@settings(max_examples=200, deadline=None)
+@given(prompt=st.lists(st.integers(0, 3), max_size=12),
+       script=st.lists(st.tuples(st.integers(0, 3), st.lists(st.integers(0, 3), min_size=1, max_size=4)),
+                       max_size=40),
+       occurrence=st.sampled_from(["first", "recent"]), k=st.integers(1, 6))
+def test_group_match_is_the_longest_anywhere_in_the_group_and_drafts_continue_it(prompt, script, occurrence, k):
+    drafter = SamDrafter(VOCAB, DraftPolicy(occurrence=occurrence, source="group", min_match_length=1))
+    members = 4
+    responses: list[list[int]] = [[] for _ in range(members)]
+    for m in range(members):
+        drafter.add_request(m, prompt, group="g")
+    for member, piece in script:
+        drafter.append(member, piece)
+        responses[member] += piece
+        # A member's match is refreshed when it appends (siblings' later text is seen at its next step).
+        assert drafter.info(member)["match_length"] == group_occurrences(prompt, responses, member)[0]
+        for m in range(members):
+            length = drafter.info(m)["match_length"]
+            draft = drafter.propose(m, k).tolist()
+            if not draft:
+                continue
+            me = list(prompt) + responses[m]
+            # Some occurrence of a suffix of `me` (any length) ends where the draft starts.
+            assert any(
+                s[e + 1: e + 1 + len(draft)] == draft
+                and any(s[max(0, e - L + 1): e + 1] == me[len(me) - L:] for L in range(1, length + 1))
+                for s, e in _all_ends(prompt, responses, m)
+            )
+
+
+def _all_ends(prompt, responses, member):
+    strings = [list(prompt) + list(r) for r in responses]
+    ends = [(list(prompt) + list(responses[member]), e) for e in range(len(prompt))]
+    for j, s in enumerate(strings):
+        ends += [(s, e) for e in range(len(s) - 1)]
+    return ends
+
+
+def test_sibling_behind_drafts_what_the_sibling_ahead_wrote():
+    drafter = SamDrafter(VOCAB, DraftPolicy(source="group", min_match_length=1))
+    prompt = [1, 2, 3]
+    answer = [10, 11, 12, 13, 14, 15, 16, 17]
+    drafter.add_request("ahead", prompt, group=7)
+    drafter.add_request("behind", prompt, group=7)
+    drafter.append("ahead", answer)
+    drafter.append("behind", answer[:3])
+    assert drafter.propose("behind", 4).tolist() == answer[3:7]
+    solo = SamDrafter(VOCAB, DraftPolicy(source="own", min_match_length=1))
+    solo.add_request("behind", prompt)
+    solo.append("behind", answer[:3])
+    assert solo.propose("behind", 4).tolist() == []
+
+
+def test_both_sources_prefer_the_longer_match():
+    drafter = SamDrafter(VOCAB, DraftPolicy(source="both", min_match_length=1, occurrence="first"))
+    prompt = [1]
+    drafter.add_request("a", prompt, group="g")
+    drafter.add_request("b", prompt, group="g")
+    drafter.append("a", [5, 6, 7, 8, 9, 20, 21])
+    drafter.append("b", [7, 30, 5, 6, 7, 8])  # own history: 7 -> 30; sibling: 5 6 7 8 -> 9 20
+    assert drafter.propose("b", 2).tolist() == [9, 20]
+
+
+def test_batched_step_equals_one_call_per_request():
+    rng = np.random.default_rng(0)
+    policy = DraftPolicy(min_match_length=1)
+    batched, single = SamDrafter(VOCAB, policy), SamDrafter(VOCAB, policy)
+    prompts = [rng.integers(0, 4, size=20) for _ in range(6)]
+    for i, p in enumerate(prompts):
+        batched.add_request(i, p, group=i % 2)
+        single.add_request(i, p, group=i % 2)
+    for _ in range(30):
+        rows = sorted(rng.choice(6, size=rng.integers(1, 7), replace=False).tolist())
+        new = [rng.integers(0, 4, size=rng.integers(0, 4)) for _ in rows]
+        drafts = batched.step(rows, new, 3)
+        for row, tokens, draft in zip(rows, new, drafts, strict=True):
+            single.append(row, tokens)
+            assert draft.tolist() == single.propose(row, 3).tolist()
