@@ -92,7 +92,7 @@ def test_group_match_is_the_longest_anywhere_in_the_group_and_drafts_continue_it
 def _all_ends(prompt, responses, member):
     strings = [list(prompt) + list(r) for r in responses]
     ends = [(list(prompt) + list(responses[member]), e) for e in range(len(prompt))]
-    for j, s in enumerate(strings):
+    for s in strings:
         ends += [(s, e) for e in range(len(s) - 1)]
     return ends
 

@@ -4,7 +4,6 @@
 // exact dtypes) and every call that touches automata releases the GIL.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
-#include <nanobind/stl/pair.h>
 
 #include <cstdint>
 #include <stdexcept>
@@ -20,6 +19,8 @@ namespace {
 using TokenArray = nb::ndarray<const int32_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 using IdArray = nb::ndarray<const int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 using OutArray = nb::ndarray<nb::numpy, int32_t>;
+using DraftOut = nb::ndarray<int32_t, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
+using LengthOut = nb::ndarray<int32_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 
 OutArray owned_array(int32_t* data, std::initializer_list<std::size_t> shape) {
   nb::capsule owner(data, [](void* p) noexcept { delete[] static_cast<int32_t*>(p); });
@@ -89,7 +90,8 @@ NB_MODULE(_sam_core, m) {
           "request"_a, "k"_a)
       .def(
           "step",
-          [](Drafter& d, IdArray requests, TokenArray tokens, IdArray offsets, int32_t k) {
+          [](Drafter& d, IdArray requests, TokenArray tokens, IdArray offsets, int32_t k, DraftOut drafts,
+             LengthOut lengths) {
             const std::size_t rows = requests.shape(0);
             if (offsets.shape(0) != rows + 1) {
               throw std::invalid_argument("offsets must have one entry more than requests");
@@ -97,20 +99,14 @@ NB_MODULE(_sam_core, m) {
             if (offsets.data()[rows] != static_cast<int64_t>(tokens.shape(0))) {
               throw std::invalid_argument("offsets[-1] must equal the number of tokens");
             }
-            const std::size_t width = k > 0 ? static_cast<std::size_t>(k) : 0;
-            auto* drafts = new int32_t[rows * width + 1];
-            auto* lengths = new int32_t[rows + 1];
-            try {
-              nb::gil_scoped_release release;
-              d.step(requests.data(), rows, tokens.data(), offsets.data(), k, drafts, lengths);
-            } catch (...) {
-              delete[] drafts;
-              delete[] lengths;
-              throw;
+            if (drafts.shape(0) < rows || static_cast<int64_t>(drafts.shape(1)) != k || lengths.shape(0) < rows) {
+              throw std::invalid_argument("output arrays must be [rows, k] and [rows]");
             }
-            return std::make_pair(owned_array(drafts, {rows, width}), owned_array(lengths, {rows}));
+            nb::gil_scoped_release release;
+            d.step(requests.data(), rows, tokens.data(), offsets.data(), k, drafts.data(), lengths.data());
           },
-          "requests"_a.noconvert(), "tokens"_a.noconvert(), "offsets"_a.noconvert(), "k"_a)
+          "requests"_a.noconvert(), "tokens"_a.noconvert(), "offsets"_a.noconvert(), "k"_a,
+          "drafts"_a.noconvert(), "lengths"_a.noconvert())
       .def(
           "remove_request",
           [](Drafter& d, int64_t request) {

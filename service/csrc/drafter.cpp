@@ -4,7 +4,6 @@
 #include <cmath>
 #include <stdexcept>
 #include <string>
-#include <unordered_set>
 
 namespace samrollout {
 
@@ -178,15 +177,16 @@ void Drafter::step(const int64_t* requests, std::size_t rows, const int32_t* tok
   std::lock_guard<std::mutex> lock(mutex_);
   check_k(k);
   if (offsets[0] != 0) fail("offsets[0] must be 0");
-  std::vector<Request*> batch(rows);
-  std::unordered_set<int64_t> seen;
-  seen.reserve(rows);
+  std::vector<Request*>& batch = batch_;
+  batch.resize(rows);
+  const uint64_t stamp = ++step_stamp_;
   for (std::size_t i = 0; i < rows; ++i) {
     if (offsets[i + 1] < offsets[i]) fail("offsets must be non-decreasing");
-    if (!seen.insert(requests[i]).second) {
+    batch[i] = &find(requests[i]);
+    if (batch[i]->last_step == stamp) {
       fail("request id " + std::to_string(requests[i]) + " appears twice in one step");
     }
-    batch[i] = &find(requests[i]);
+    batch[i]->last_step = stamp;
   }
   check_tokens(tokens, static_cast<std::size_t>(offsets[rows]));
   for (std::size_t i = 0; i < rows; ++i) {

@@ -74,6 +74,7 @@ class Drafter {
     int64_t group = -1;
     int32_t group_sid = 0;
     int64_t num_tokens = 0;
+    uint64_t last_step = 0;  // stamp of the last batch step that named it
   };
 
   Request& find(int64_t request);
@@ -88,6 +89,8 @@ class Drafter {
   mutable std::mutex mutex_;
   std::unordered_map<int64_t, Request> requests_;
   std::unordered_map<int64_t, Group> groups_;
+  uint64_t step_stamp_ = 0;
+  std::vector<Request*> batch_;  // reused across steps: no allocation per step
 };
 
 }  // namespace samrollout

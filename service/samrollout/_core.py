@@ -15,9 +15,7 @@ from types import ModuleType
 def _load() -> ModuleType:
     path = os.environ.get("SAMROLLOUT_CORE_LIB")
     if not path:
-        from samrollout import _sam_core
-
-        return _sam_core
+        return importlib.import_module("samrollout._sam_core")
     spec = importlib.util.spec_from_file_location("samrollout._sam_core", path)
     if spec is None or spec.loader is None:
         raise ImportError(f"SAMROLLOUT_CORE_LIB={path} is not a loadable extension")

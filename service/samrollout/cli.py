@@ -1,1 +1,28 @@
-"""Command line: ``samrollout <command>``."""
+"""Command line: ``samrollout <command>`` (``replay`` now; the server joins it later)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from samrollout.replay.command import add_replay_parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The top-level parser with one sub-parser per command."""
+    parser = argparse.ArgumentParser(prog="samrollout", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    add_replay_parser(commands)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``samrollout`` script."""
+    args = build_parser().parse_args(argv)
+    code: int = args.run(args)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

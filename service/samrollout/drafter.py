@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
 from dataclasses import asdict, dataclass
+from itertools import accumulate
 from typing import Any, Literal
 
 import numpy as np
@@ -136,21 +137,23 @@ class SamDrafter:
     def step(self, request_ids: Sequence[Hashable], new_tokens: Sequence[Sequence[int] | npt.NDArray[Any]],
              k: int) -> list[Int32Array]:
         """Append each row's new tokens, then draft for every row, in one native call."""
-        if len(request_ids) != len(new_tokens):
+        rows = len(request_ids)
+        if rows != len(new_tokens):
             raise ValueError("request_ids and new_tokens must have the same length")
-        handles = np.fromiter((self._handle(r) for r in request_ids), dtype=np.int64, count=len(request_ids))
-        arrays = [as_token_array(t, "new_tokens") for t in new_tokens]
-        offsets = np.zeros(len(arrays) + 1, dtype=np.int64)
-        np.cumsum([len(a) for a in arrays], out=offsets[1:])
-        flat = np.concatenate(arrays) if arrays else np.zeros(0, dtype=np.int32)
+        handles = np.array([self._handle(r) for r in request_ids], dtype=np.int64)
+        offsets = np.fromiter(accumulate((len(t) for t in new_tokens), initial=0), dtype=np.int64, count=rows + 1)
+        flat = as_token_array(np.concatenate(new_tokens) if rows else (), "new_tokens")
         drafts, lengths = self.step_arrays(handles, flat, offsets, k)
-        return [drafts[i, : lengths[i]] for i in range(len(arrays))]
+        return [drafts[i, : lengths[i]] for i in range(rows)]
 
     def step_arrays(self, handles: npt.NDArray[np.int64], tokens: Int32Array, offsets: npt.NDArray[np.int64],
                     k: int) -> tuple[Int32Array, Int32Array]:
         """Zero-copy batch step on native handles (see `handle`): (drafts[rows, k] padded -1, lengths)."""
-        result: tuple[Int32Array, Int32Array] = self._core.step(handles, tokens, offsets, _check_k(k))
-        return result
+        k = _check_k(k)
+        drafts = np.empty((len(handles), k), dtype=np.int32)
+        lengths = np.empty(len(handles), dtype=np.int32)
+        self._core.step(handles, tokens, offsets, k, drafts, lengths)
+        return drafts, lengths
 
     # -- introspection ---------------------------------------------------------------
     def handle(self, request_id: Hashable) -> int:

@@ -18,6 +18,8 @@ _INT32 = np.iinfo(np.int32)
 
 def as_token_array(values: Any, name: str = "tokens") -> Int32Array:
     """Return ``values`` as a 1-D contiguous int32 array, or raise TypeError/ValueError."""
+    if type(values) is np.ndarray and values.dtype == np.int32 and values.ndim == 1 and values.flags.c_contiguous:
+        return values  # the hot path: already what the core takes
     array = np.asarray(values)
     if array.size == 0:
         return np.zeros(0, dtype=np.int32)

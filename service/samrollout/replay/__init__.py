@@ -1,0 +1,1 @@
+"""Replay benchmark: how much would speculation help on my rollouts?"""

@@ -1,0 +1,114 @@
+"""Our drafters under replay: the native SAM (own and group) and the published pure-Python baseline."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from samrollout.drafter import DraftPolicy, SamDrafter
+
+
+class SamReplayDrafter:
+    """The native drafter; with ``group=True`` siblings of a prompt share a group automaton."""
+
+    def __init__(self, name: str, vocab_size: int, policy: DraftPolicy | None = None, group: bool = False) -> None:
+        self.name = name
+        self.group = group
+        self.drafter = SamDrafter(vocab_size, policy)
+
+    def add(self, seq_id: int, group_id: int, prompt: np.ndarray) -> None:
+        """Index the prompt (once per group in group mode)."""
+        self.drafter.add_request(seq_id, prompt, group=group_id if self.group else None)
+
+    def step(self, seq_ids: Sequence[int], new_tokens: Sequence[np.ndarray], contexts: Sequence[np.ndarray],
+             k: int) -> list[np.ndarray]:
+        """One batched native call: append accepted tokens, draft for every row."""
+        return self.drafter.step(seq_ids, new_tokens, k)
+
+    def remove(self, seq_id: int) -> None:
+        """Free the sequence (and its group with its last member)."""
+        self.drafter.remove_request(seq_id)
+
+    def memory_bytes(self) -> int:
+        """Bytes held by the automata now."""
+        return self.drafter.memory_bytes()
+
+
+class _PySam:
+    """A suffix automaton in pure Python, as the published recipe builds it (dict transitions)."""
+
+    def __init__(self) -> None:
+        self.next: list[dict[int, int]] = [{}]
+        self.link = [-1]
+        self.length = [0]
+        self.first = [-1]
+        self.last = 0
+        self.tokens: list[int] = []
+
+    def extend(self, token: int) -> None:
+        pos = len(self.tokens)
+        self.tokens.append(token)
+        cur = len(self.next)
+        self.next.append({})
+        self.link.append(0)
+        self.length.append(self.length[self.last] + 1)
+        self.first.append(pos)
+        p = self.last
+        while p != -1 and token not in self.next[p]:
+            self.next[p][token] = cur
+            p = self.link[p]
+        if p != -1:
+            q = self.next[p][token]
+            if self.length[p] + 1 == self.length[q]:
+                self.link[cur] = q
+            else:
+                clone = len(self.next)
+                self.next.append(dict(self.next[q]))
+                self.link.append(self.link[q])
+                self.length.append(self.length[p] + 1)
+                self.first.append(self.first[q])
+                while p != -1 and self.next[p].get(token) == q:
+                    self.next[p][token] = clone
+                    p = self.link[p]
+                self.link[q] = clone
+                self.link[cur] = clone
+        self.last = cur
+
+    def draft(self, k: int) -> list[int]:
+        match = self.link[self.last] if self.last else 0
+        if match <= 0:
+            return []
+        start = self.first[match] + 1
+        return self.tokens[start: min(start + k, len(self.tokens))]
+
+
+class SamRefDrafter:
+    """The published design (seed): one pure-Python SAM per request, first occurrence, k fixed, no group."""
+
+    name = "sam-ref"
+
+    def __init__(self) -> None:
+        self.automata: dict[int, _PySam] = {}
+
+    def add(self, seq_id: int, group_id: int, prompt: np.ndarray) -> None:
+        """Build the request's automaton over its prompt, token by token."""
+        sam = _PySam()
+        for token in prompt.tolist():
+            sam.extend(token)
+        self.automata[seq_id] = sam
+
+    def step(self, seq_ids: Sequence[int], new_tokens: Sequence[np.ndarray], contexts: Sequence[np.ndarray],
+             k: int) -> list[np.ndarray]:
+        """Extend each row's automaton and draft the k tokens after the first occurrence."""
+        drafts = []
+        for seq_id, tokens in zip(seq_ids, new_tokens, strict=True):
+            sam = self.automata[seq_id]
+            for token in tokens.tolist():
+                sam.extend(token)
+            drafts.append(np.asarray(sam.draft(k), dtype=np.int32))
+        return drafts
+
+    def remove(self, seq_id: int) -> None:
+        """Drop the request's automaton."""
+        del self.automata[seq_id]

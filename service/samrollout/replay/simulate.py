@@ -1,0 +1,135 @@
+"""Greedy-oracle replay: a draft token is accepted while it equals the true next token.
+
+Every verification step yields the accepted draft tokens plus one bonus token (the
+target model's own next token), exactly as speculative decoding does when the
+sampled response is the one recorded.  The siblings of a prompt run side by side,
+one step each per round, as they do in a real engine batch.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from samrollout.replay.protocol import ReplayDrafter
+from samrollout.replay.traces import TraceGroup
+
+
+@dataclass
+class ReplayResult:
+    """What one drafter achieved on the traces."""
+
+    name: str
+    k: int
+    steps: int = 0              # verification steps (decode steps after the first token)
+    tokens: int = 0             # tokens those steps produced (accepted + bonus)
+    drafted: int = 0            # draft tokens proposed
+    accepted: int = 0           # draft tokens accepted
+    row_steps: int = 0          # drafter invocations, one per row per step
+    indexed_tokens: int = 0     # prompt and output tokens handed to the drafter
+    lifecycle_seconds: float = 0.0  # time adding (indexing prompts) and removing
+    step_seconds: float = 0.0   # time in the per-step calls
+    accepted_by_position: list[int] = field(default_factory=list)
+    drafted_by_position: list[int] = field(default_factory=list)
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        """Tokens per verification step, the bonus token included (1.0: no gain)."""
+        return self.tokens / self.steps if self.steps else 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted draft tokens over proposed draft tokens."""
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def us_per_step(self) -> float:
+        """Drafter time per row-step (append + propose), microseconds."""
+        return 1e6 * self.step_seconds / self.row_steps if self.row_steps else 0.0
+
+    @property
+    def us_per_token(self) -> float:
+        """Drafter time per token indexed (prompt or output), microseconds."""
+        total = self.lifecycle_seconds + self.step_seconds
+        return 1e6 * total / self.indexed_tokens if self.indexed_tokens else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain data for the JSON report."""
+        return {
+            "drafter": self.name,
+            "k": self.k,
+            "mean_acceptance_length": self.mean_acceptance_length,
+            "acceptance_rate": self.acceptance_rate,
+            "draft_tokens_per_step": self.drafted / self.steps if self.steps else 0.0,
+            "us_per_step": self.us_per_step,
+            "us_per_token": self.us_per_token,
+            "steps": self.steps,
+            "tokens": self.tokens,
+            "drafted": self.drafted,
+            "accepted": self.accepted,
+            "acceptance_rate_by_position": [
+                a / d if d else 0.0 for a, d in zip(self.accepted_by_position, self.drafted_by_position, strict=True)
+            ],
+        }
+
+
+def replay(drafter: ReplayDrafter, groups: list[TraceGroup], k: int) -> ReplayResult:
+    """Replay every group through ``drafter`` and count what a greedy verifier accepts."""
+    result = ReplayResult(drafter.name, k, accepted_by_position=[0] * k, drafted_by_position=[0] * k)
+    next_id = 0
+    for group_index, group in enumerate(groups):
+        full: dict[int, np.ndarray] = {}
+        responses: dict[int, np.ndarray] = {}
+        position: dict[int, int] = {}
+        pending: dict[int, np.ndarray] = {}
+        for response in group.responses:
+            if len(response) < 2:
+                continue  # the first token comes from prefill: nothing to speculate on
+            seq_id, next_id = next_id, next_id + 1
+            start = time.perf_counter()
+            drafter.add(seq_id, group_index, group.prompt)
+            result.lifecycle_seconds += time.perf_counter() - start
+            result.indexed_tokens += len(group.prompt)
+            full[seq_id] = np.concatenate([group.prompt, response])
+            responses[seq_id] = response
+            position[seq_id] = 1
+            pending[seq_id] = response[:1]
+        while position:
+            ids = list(position)
+            contexts = [full[i][: len(group.prompt) + position[i]] for i in ids]
+            new = [pending[i] for i in ids]
+            start = time.perf_counter()
+            drafts = drafter.step(ids, new, contexts, k)
+            result.step_seconds += time.perf_counter() - start
+            result.row_steps += len(ids)
+            result.indexed_tokens += sum(len(t) for t in new)
+            for seq_id, draft in zip(ids, drafts, strict=True):
+                verify_step(result, seq_id, np.asarray(draft)[:k], responses, position, pending)
+            for seq_id in [i for i in ids if position[i] >= len(responses[i])]:
+                start = time.perf_counter()
+                drafter.remove(seq_id)
+                result.lifecycle_seconds += time.perf_counter() - start
+                del position[seq_id], pending[seq_id]
+    return result
+
+
+def verify_step(result: ReplayResult, seq_id: int, draft: np.ndarray, responses: dict[int, np.ndarray],
+            position: dict[int, int], pending: dict[int, np.ndarray]) -> None:
+    """Verify one row's draft against the recorded response and advance the row."""
+    response, pos = responses[seq_id], position[seq_id]
+    truth = response[pos: pos + len(draft)]
+    matches = draft[: len(truth)] == truth
+    accepted = int(np.argmin(matches)) if not matches.all() else len(truth)
+    advance = min(accepted + 1, len(response) - pos)
+    result.steps += 1
+    result.tokens += advance
+    result.drafted += len(draft)
+    result.accepted += accepted
+    for i in range(len(draft)):
+        result.drafted_by_position[i] += 1
+        result.accepted_by_position[i] += int(i < accepted)
+    pending[seq_id] = response[pos: pos + advance]
+    position[seq_id] = pos + advance
