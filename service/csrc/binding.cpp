@@ -5,7 +5,10 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 
+#include <climits>
 #include <cstdint>
+#include <string>
+#include <vector>
 #include <stdexcept>
 
 #include "drafter.hpp"
@@ -18,13 +21,86 @@ namespace {
 
 using TokenArray = nb::ndarray<const int32_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 using IdArray = nb::ndarray<const int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
-using OutArray = nb::ndarray<nb::numpy, int32_t>;
 using DraftOut = nb::ndarray<int32_t, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
 using LengthOut = nb::ndarray<int32_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 
-OutArray owned_array(int32_t* data, std::initializer_list<std::size_t> shape) {
-  nb::capsule owner(data, [](void* p) noexcept { delete[] static_cast<int32_t*>(p); });
-  return OutArray(data, shape, owner);
+// Reads a Python sequence of integers into `out` (ints, numpy integers: anything with __index__).
+void read_ints(PyObject* seq, std::vector<int32_t>& out, const char* what) {
+  PyObject* fast = PySequence_Fast(seq, what);
+  if (fast == nullptr) throw nb::python_error();
+  const Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+  PyObject** items = PySequence_Fast_ITEMS(fast);
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    const long long value = PyLong_AsLongLong(items[i]);
+    if (value == -1 && PyErr_Occurred()) {
+      Py_DECREF(fast);
+      throw nb::python_error();
+    }
+    if (value < INT32_MIN || value > INT32_MAX) {
+      Py_DECREF(fast);
+      throw std::invalid_argument(std::string(what) + " holds token id " + std::to_string(value) +
+                                  ", outside any vocabulary");
+    }
+    out.push_back(static_cast<int32_t>(value));
+  }
+  Py_DECREF(fast);
+}
+
+// The engine-shaped step: request handles and per-row token lists in, per-row draft lists out.
+nb::list step_lists(Drafter& d, nb::handle requests, nb::handle rows_tokens, int32_t k) {
+  std::vector<int32_t> flat;
+  std::vector<int64_t> handles;
+  std::vector<int64_t> offsets{0};
+  {
+    PyObject* req = PySequence_Fast(requests.ptr(), "requests must be a sequence of handles");
+    if (req == nullptr) throw nb::python_error();
+    const Py_ssize_t n = PySequence_Fast_GET_SIZE(req);
+    handles.reserve(static_cast<std::size_t>(n));
+    for (Py_ssize_t i = 0; i < n; ++i) {
+      const long long h = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(req, i));
+      if (h == -1 && PyErr_Occurred()) {
+        Py_DECREF(req);
+        throw nb::python_error();
+      }
+      handles.push_back(h);
+    }
+    Py_DECREF(req);
+  }
+  PyObject* rows = PySequence_Fast(rows_tokens.ptr(), "tokens must be a sequence of token sequences");
+  if (rows == nullptr) throw nb::python_error();
+  const Py_ssize_t count = PySequence_Fast_GET_SIZE(rows);
+  if (static_cast<std::size_t>(count) != handles.size()) {
+    Py_DECREF(rows);
+    throw std::invalid_argument("requests and tokens must have the same length");
+  }
+  try {
+    for (Py_ssize_t i = 0; i < count; ++i) {
+      read_ints(PySequence_Fast_GET_ITEM(rows, i), flat, "each row of tokens must be a sequence of ints");
+      offsets.push_back(static_cast<int64_t>(flat.size()));
+    }
+  } catch (...) {
+    Py_DECREF(rows);
+    throw;
+  }
+  Py_DECREF(rows);
+  const std::size_t n = handles.size();
+  const std::size_t width = k > 0 ? static_cast<std::size_t>(k) : 0;
+  std::vector<int32_t> drafts(n * width + 1);
+  std::vector<int32_t> lengths(n + 1);
+  {
+    nb::gil_scoped_release release;
+    d.step(handles.data(), n, flat.data(), offsets.data(), k, drafts.data(), lengths.data());
+  }
+  nb::list out;
+  for (std::size_t i = 0; i < n; ++i) {
+    PyObject* row = PyList_New(lengths[i]);
+    if (row == nullptr) throw nb::python_error();
+    for (int32_t j = 0; j < lengths[i]; ++j) {
+      PyList_SET_ITEM(row, j, PyLong_FromLong(drafts[i * width + static_cast<std::size_t>(j)]));
+    }
+    out.append(nb::steal(row));
+  }
+  return out;
 }
 
 }  // namespace
@@ -76,16 +152,15 @@ NB_MODULE(_sam_core, m) {
       .def(
           "propose",
           [](Drafter& d, int64_t request, int32_t k) {
-            auto* out = new int32_t[Drafter::kMaxDraftTokens];
+            int32_t out[Drafter::kMaxDraftTokens];
             int32_t n = 0;
-            try {
+            {
               nb::gil_scoped_release release;
               n = d.propose(request, k, out);
-            } catch (...) {
-              delete[] out;
-              throw;
             }
-            return owned_array(out, {static_cast<std::size_t>(n)});
+            nb::list draft;
+            for (int32_t i = 0; i < n; ++i) draft.append(out[i]);
+            return draft;
           },
           "request"_a, "k"_a)
       .def(
@@ -107,6 +182,8 @@ NB_MODULE(_sam_core, m) {
           },
           "requests"_a.noconvert(), "tokens"_a.noconvert(), "offsets"_a.noconvert(), "k"_a,
           "drafts"_a.noconvert(), "lengths"_a.noconvert())
+      .def("step_lists", &step_lists, "requests"_a, "tokens"_a, "k"_a,
+           "Append each row's tokens and return each row's draft, as lists (vLLM's proposer shape).")
       .def(
           "remove_request",
           [](Drafter& d, int64_t request) {

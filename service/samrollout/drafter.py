@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
 from dataclasses import asdict, dataclass
-from itertools import accumulate
 from typing import Any, Literal
 
 import numpy as np
@@ -41,7 +40,7 @@ class DraftPolicy:
     """
 
     occurrence: Occurrence = "recent"
-    min_match_length: int = 2
+    min_match_length: int = 1
     match_scale: float = 0.0
     source: Source = "both"
     max_request_tokens: int = 1 << 22
@@ -129,22 +128,23 @@ class SamDrafter:
         """Index tokens the request generated (accepted drafts and the bonus token)."""
         self._core.append(self._handle(request_id), as_token_array(tokens))
 
-    def propose(self, request_id: Hashable, k: int) -> Int32Array:
+    def propose(self, request_id: Hashable, k: int) -> list[int]:
         """Up to ``k`` draft tokens for the request's next positions (may be empty)."""
-        result: Int32Array = self._core.propose(self._handle(request_id), _check_k(k))
+        result: list[int] = self._core.propose(self._handle(request_id), _check_k(k))
         return result
 
     def step(self, request_ids: Sequence[Hashable], new_tokens: Sequence[Sequence[int] | npt.NDArray[Any]],
-             k: int) -> list[Int32Array]:
-        """Append each row's new tokens, then draft for every row, in one native call."""
-        rows = len(request_ids)
-        if rows != len(new_tokens):
+             k: int) -> list[list[int]]:
+        """Append each row's new tokens, then draft for every row, in one native call.
+
+        Takes and returns plain lists (the shape vLLM's proposer interface uses); integer
+        numpy arrays work as rows too.
+        """
+        if len(request_ids) != len(new_tokens):
             raise ValueError("request_ids and new_tokens must have the same length")
-        handles = np.array([self._handle(r) for r in request_ids], dtype=np.int64)
-        offsets = np.fromiter(accumulate((len(t) for t in new_tokens), initial=0), dtype=np.int64, count=rows + 1)
-        flat = as_token_array(np.concatenate(new_tokens) if rows else (), "new_tokens")
-        drafts, lengths = self.step_arrays(handles, flat, offsets, k)
-        return [drafts[i, : lengths[i]] for i in range(rows)]
+        handles = [self._handle(r) for r in request_ids]
+        drafts: list[list[int]] = self._core.step_lists(handles, new_tokens, _check_k(k))
+        return drafts
 
     def step_arrays(self, handles: npt.NDArray[np.int64], tokens: Int32Array, offsets: npt.NDArray[np.int64],
                     k: int) -> tuple[Int32Array, Int32Array]:

@@ -29,6 +29,8 @@ def add_replay_parser(commands: Any) -> None:
     p.add_argument("--max-groups", type=int, help="replay only the first N prompt groups")
     p.add_argument("--long-context", default="8192,16384,32768",
                    help="context lengths for the per-step cost table ('' to skip)")
+    p.add_argument("--long-context-rows", type=int, default=8,
+                   help="rows per step in the long-context table (default 8: the tail batch at threshold 8)")
     p.add_argument("--json", help="write all results to this JSON file")
     p.add_argument("--plot", help="write a PNG of MAL and cost per drafter")
     policy = p.add_argument_group("SAM draft policy (sam, sam-group)")
@@ -71,11 +73,11 @@ def run(args: argparse.Namespace) -> int:
             return 2
         results.append(replay(drafter, groups, args.k))
         if lengths:
-            costs += long_context.measure(make, groups, lengths, args.k)
+            costs += long_context.measure(make, groups, lengths, args.k, rows=args.long_context_rows)
     print()
     print(report.format_table(results))
     if costs:
-        print("\nper-step drafter cost at long context (one row):")
+        print(f"\nper row-step drafter cost at long context ({args.long_context_rows} rows per step):")
         print(report.format_long_context(costs))
     for why in unavailable.values():
         print(f"\nnot run: {why}")

@@ -21,8 +21,8 @@ class SamReplayDrafter:
         """Index the prompt (once per group in group mode)."""
         self.drafter.add_request(seq_id, prompt, group=group_id if self.group else None)
 
-    def step(self, seq_ids: Sequence[int], new_tokens: Sequence[np.ndarray], contexts: Sequence[np.ndarray],
-             k: int) -> list[np.ndarray]:
+    def step(self, seq_ids: Sequence[int], new_tokens: Sequence[list[int]], contexts: Sequence[np.ndarray],
+             k: int) -> list[list[int]]:
         """One batched native call: append accepted tokens, draft for every row."""
         return self.drafter.step(seq_ids, new_tokens, k)
 
@@ -98,15 +98,15 @@ class SamRefDrafter:
             sam.extend(token)
         self.automata[seq_id] = sam
 
-    def step(self, seq_ids: Sequence[int], new_tokens: Sequence[np.ndarray], contexts: Sequence[np.ndarray],
-             k: int) -> list[np.ndarray]:
+    def step(self, seq_ids: Sequence[int], new_tokens: Sequence[list[int]], contexts: Sequence[np.ndarray],
+             k: int) -> list[list[int]]:
         """Extend each row's automaton and draft the k tokens after the first occurrence."""
         drafts = []
         for seq_id, tokens in zip(seq_ids, new_tokens, strict=True):
             sam = self.automata[seq_id]
-            for token in tokens.tolist():
+            for token in tokens:
                 sam.extend(token)
-            drafts.append(np.asarray(sam.draft(k), dtype=np.int32))
+            drafts.append(sam.draft(k))
         return drafts
 
     def remove(self, seq_id: int) -> None:

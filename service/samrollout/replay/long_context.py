@@ -1,8 +1,8 @@
 """Drafter cost per step at long context (8K-32K tokens), where rollouts' tails live.
 
-A context of L real trace tokens is given to the drafter as its prompt, then the
-next tokens are replayed for a fixed number of steps under the greedy oracle; the
-cost per step is what a long response pays at every decode step.
+Each of a batch of rows gets L real trace tokens as its prompt, then the next tokens
+are replayed for a fixed number of steps under the greedy oracle; the cost per
+row-step is what a long response pays at every decode step of the tail.
 """
 
 from __future__ import annotations
@@ -44,27 +44,40 @@ def concatenated_tokens(groups: list[TraceGroup], length: int) -> np.ndarray:
 
 
 def measure(make: Callable[[], ReplayDrafter], groups: list[TraceGroup], lengths: list[int], k: int,
-            steps: int = 256) -> list[LongContextCost]:
-    """Per-step drafter cost for a single long row at each context length."""
+            rows: int = 8, steps: int = 128) -> list[LongContextCost]:
+    """Per row-step drafter cost for a batch of ``rows`` long rows at each context length.
+
+    Every row holds ``length`` real tokens (a different slice of the traces) before it
+    starts decoding; the default of 8 rows is the tail batch at the published threshold.
+    """
     out = []
     for length in lengths:
-        tokens = concatenated_tokens(groups, length + steps + 1)
+        tokens = concatenated_tokens(groups, length + rows * (steps * (k + 1) + 1))
         drafter = make()
-        drafter.add(0, 0, tokens[:length])
-        response = tokens[length:]
+        full, responses, position, pending = {}, {}, {}, {}
+        for row in range(rows):
+            # Row r's context is the first `length` tokens shifted by r: distinct, real text.
+            start = row * (steps * (k + 1) + 1)
+            full[row] = tokens[start: start + length + steps * (k + 1) + 1]
+            drafter.add(row, row, full[row][:length])
+            responses[row] = full[row][length:]
+            position[row], pending[row] = 1, responses[row][:1].tolist()
         result = ReplayResult(drafter.name, k, accepted_by_position=[0] * k, drafted_by_position=[0] * k)
-        position, pending = {0: 1}, {0: response[:1]}
-        responses = {0: response}
         elapsed = 0.0
-        while position[0] < len(response) and result.row_steps < steps:
-            context = tokens[: length + position[0]]
-            start = time.perf_counter()
-            drafts = drafter.step([0], [pending[0]], [context], k)
-            elapsed += time.perf_counter() - start
-            result.row_steps += 1
-            verify_step(result, 0, np.asarray(drafts[0])[:k], responses, position, pending)
+        for _ in range(steps):
+            ids = list(range(rows))
+            contexts = [full[r][: length + position[r]] for r in ids]
+            new = [pending[r] for r in ids]
+            begin = time.perf_counter()
+            drafts = drafter.step(ids, new, contexts, k)
+            elapsed += time.perf_counter() - begin
+            result.row_steps += rows
+            for r, draft in zip(ids, drafts, strict=True):
+                verify_step(result, r, np.asarray(draft, dtype=np.int64)[:k], responses, position, pending)
         memory = getattr(drafter, "memory_bytes", None)
-        per_token = memory() / (length + position[0]) if memory else None
-        drafter.remove(0)
+        indexed = sum(length + position[r] for r in range(rows))
+        per_token = memory() / indexed if memory else None
+        for r in range(rows):
+            drafter.remove(r)
         out.append(LongContextCost(drafter.name, length, 1e6 * elapsed / result.row_steps, per_token))
     return out

@@ -17,9 +17,10 @@ class ReplayDrafter(Protocol):
         """Start a sequence; siblings of one prompt share ``group_id``."""
         ...
 
-    def step(self, seq_ids: Sequence[int], new_tokens: Sequence[np.ndarray], contexts: Sequence[np.ndarray],
-             k: int) -> list[np.ndarray]:
-        """Append each row's accepted tokens (bonus included), then draft up to k tokens per row."""
+    def step(self, seq_ids: Sequence[int], new_tokens: Sequence[list[int]], contexts: Sequence[np.ndarray],
+             k: int) -> list[list[int]]:
+        """Append each row's accepted tokens (bonus included; lists, as engines pass them), then draft
+        up to k tokens per row. ``contexts[i]`` is the row's whole sequence so far (new tokens included)."""
         ...
 
     def remove(self, seq_id: int) -> None:

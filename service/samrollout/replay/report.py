@@ -77,7 +77,7 @@ def write_plot(path: str | Path, results: list[ReplayResult], costs: list[LongCo
         axes[2].set_xscale("log", base=2)
         axes[2].set_yscale("log")
         axes[2].set_xlabel("context tokens")
-        axes[2].set_title("cost per step at long context (us)")
+        axes[2].set_title("cost per row-step at long context (us)")
         axes[2].legend()
     for ax in axes[:2]:
         ax.tick_params(axis="x", rotation=30)

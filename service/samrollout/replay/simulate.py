@@ -84,7 +84,7 @@ def replay(drafter: ReplayDrafter, groups: list[TraceGroup], k: int) -> ReplayRe
         full: dict[int, np.ndarray] = {}
         responses: dict[int, np.ndarray] = {}
         position: dict[int, int] = {}
-        pending: dict[int, np.ndarray] = {}
+        pending: dict[int, list[int]] = {}
         for response in group.responses:
             if len(response) < 2:
                 continue  # the first token comes from prefill: nothing to speculate on
@@ -96,7 +96,7 @@ def replay(drafter: ReplayDrafter, groups: list[TraceGroup], k: int) -> ReplayRe
             full[seq_id] = np.concatenate([group.prompt, response])
             responses[seq_id] = response
             position[seq_id] = 1
-            pending[seq_id] = response[:1]
+            pending[seq_id] = response[:1].tolist()
         while position:
             ids = list(position)
             contexts = [full[i][: len(group.prompt) + position[i]] for i in ids]
@@ -107,7 +107,7 @@ def replay(drafter: ReplayDrafter, groups: list[TraceGroup], k: int) -> ReplayRe
             result.row_steps += len(ids)
             result.indexed_tokens += sum(len(t) for t in new)
             for seq_id, draft in zip(ids, drafts, strict=True):
-                verify_step(result, seq_id, np.asarray(draft)[:k], responses, position, pending)
+                verify_step(result, seq_id, np.asarray(draft, dtype=np.int64)[:k], responses, position, pending)
             for seq_id in [i for i in ids if position[i] >= len(responses[i])]:
                 start = time.perf_counter()
                 drafter.remove(seq_id)
@@ -117,7 +117,7 @@ def replay(drafter: ReplayDrafter, groups: list[TraceGroup], k: int) -> ReplayRe
 
 
 def verify_step(result: ReplayResult, seq_id: int, draft: np.ndarray, responses: dict[int, np.ndarray],
-            position: dict[int, int], pending: dict[int, np.ndarray]) -> None:
+            position: dict[int, int], pending: dict[int, list[int]]) -> None:
     """Verify one row's draft against the recorded response and advance the row."""
     response, pos = responses[seq_id], position[seq_id]
     truth = response[pos: pos + len(draft)]
@@ -131,5 +131,5 @@ def verify_step(result: ReplayResult, seq_id: int, draft: np.ndarray, responses:
     for i in range(len(draft)):
         result.drafted_by_position[i] += 1
         result.accepted_by_position[i] += int(i < accepted)
-    pending[seq_id] = response[pos: pos + advance]
+    pending[seq_id] = response[pos: pos + advance].tolist()  # engines hand drafters lists
     position[seq_id] = pos + advance
