@@ -100,9 +100,9 @@ class Automaton {
         *match_length = length;
         return n;
       }
-      state = link_[state];
-      length = len_[state];
-      anchor = first_[state];
+      state = states_[state].link;
+      length = states_[state].len;
+      anchor = states_[state].first;
     }
     *match_length = 0;
     return 0;
@@ -110,8 +110,7 @@ class Automaton {
 
   std::size_t memory_bytes() const {
     std::size_t bytes = prompt_.capacity() * sizeof(int32_t) + edges_.memory_bytes() +
-                        (len_.capacity() + link_.capacity() + head_.capacity()) * sizeof(int32_t) +
-                        (first_.capacity() + recent_.capacity()) * sizeof(Position) +
+                        states_.capacity() * sizeof(State) +
                         (edge_token_.capacity() + edge_target_.capacity() + edge_next_.capacity()) *
                             sizeof(int32_t);
     for (const Member& m : members_) bytes += m.tokens.capacity() * sizeof(int32_t);
@@ -136,44 +135,68 @@ class Automaton {
     return p < prompt_.size() ? prompt_[p] : members_[sid - 1].tokens[p - prompt_.size()];
   }
 
+  // One automaton state.  Its first out-edge lives inline (most states have one or
+  // two), further edges in the shared table and the state's edge list.
+  struct State {
+    int32_t len;
+    int32_t link;
+    Position first;   // first occurrence (end position) of the state's strings
+    Position recent;  // latest occurrence recorded as a longest match
+    int32_t token0 = EdgeTable::kMissing;   // inline edge: token
+    int32_t target0 = EdgeTable::kMissing;  // inline edge: target
+    int32_t head = EdgeTable::kMissing;     // further edges: list head
+  };
+
   int32_t new_state(int32_t len, int32_t link, Position first, Position recent) {
-    len_.push_back(len);
-    link_.push_back(link);
-    first_.push_back(first);
-    recent_.push_back(recent);
-    head_.push_back(EdgeTable::kMissing);
-    return static_cast<int32_t>(len_.size() - 1);
+    states_.push_back(State{len, link, first, recent});
+    return static_cast<int32_t>(states_.size() - 1);
   }
 
   int32_t next(int32_t state, int32_t token) const {
+    const State& s = states_[state];
+    if (s.token0 == token) return s.target0;
+    if (s.head == EdgeTable::kMissing) return -1;  // at most the inline edge
     const int32_t edge = edges_.find(state, token);
     return edge == EdgeTable::kMissing ? -1 : edge_target_[edge];
   }
 
   void add_edge(int32_t state, int32_t token, int32_t target) {
+    State& s = states_[state];
+    if (s.token0 == EdgeTable::kMissing) {
+      s.token0 = token;
+      s.target0 = target;
+      return;
+    }
     const auto edge = static_cast<int32_t>(edge_token_.size());
     edge_token_.push_back(token);
     edge_target_.push_back(target);
-    edge_next_.push_back(head_[state]);
-    head_[state] = edge;
+    edge_next_.push_back(s.head);
+    s.head = edge;
     edges_.insert(state, token, edge);
   }
 
   void retarget(int32_t state, int32_t token, int32_t target) {
-    edge_target_[edges_.find(state, token)] = target;
+    State& s = states_[state];
+    if (s.token0 == token) {
+      s.target0 = target;
+    } else {
+      edge_target_[edges_.find(state, token)] = target;
+    }
   }
 
   // Splits q so that a state of length len(p) + 1 exists on p's c-edge.
   int32_t clone(int32_t p, int32_t token, int32_t q) {
-    const int32_t c = new_state(len_[p] + 1, link_[q], first_[q], recent_[q]);
-    for (int32_t e = head_[q]; e != EdgeTable::kMissing; e = edge_next_[e]) {
+    const State source = states_[q];
+    const int32_t c = new_state(states_[p].len + 1, source.link, source.first, source.recent);
+    if (source.token0 != EdgeTable::kMissing) add_edge(c, source.token0, source.target0);
+    for (int32_t e = source.head; e != EdgeTable::kMissing; e = edge_next_[e]) {
       add_edge(c, edge_token_[e], edge_target_[e]);
     }
     while (p != -1 && next(p, token) == q) {
       retarget(p, token, c);
-      p = link_[p];
+      p = states_[p].link;
     }
-    link_[q] = c;
+    states_[q].link = c;
     return c;
   }
 
@@ -184,31 +207,33 @@ class Automaton {
     if (existing != -1) {
       // The extended string already occurs elsewhere (a sibling wrote it).
       const int32_t state =
-          len_[existing] == len_[last] + 1 ? existing : clone(last, token, existing);
+          states_[existing].len == states_[last].len + 1 ? existing : clone(last, token, existing);
       record_match(state, at, match);
       return state;
     }
-    const int32_t cur = new_state(len_[last] + 1, 0, at, at);
+    const int32_t cur = new_state(states_[last].len + 1, 0, at, at);
     int32_t p = last;
     while (p != -1 && next(p, token) == -1) {
       add_edge(p, token, cur);
-      p = link_[p];
+      p = states_[p].link;
     }
     if (p != -1) {
       const int32_t q = next(p, token);
-      link_[cur] = len_[q] == len_[p] + 1 ? q : clone(p, token, q);
+      const int32_t link = states_[q].len == states_[p].len + 1 ? q : clone(p, token, q);
+      states_[cur].link = link;
     }
-    record_match(link_[cur], at, match);
+    record_match(states_[cur].link, at, match);
     return cur;
   }
 
   // The match of the suffix ending at `at` is `state`: choose the occurrence to
   // draft from (before `at` itself is recorded as the state's latest one).
   void record_match(int32_t state, Position at, Match* match) {
+    State& s = states_[state];
     match->state = state;
-    match->length = len_[state];
-    match->anchor = occurrence_ == Occurrence::kFirst ? first_[state] : recent_[state];
-    if (state != 0) recent_[state] = at;
+    match->length = s.len;
+    match->anchor = occurrence_ == Occurrence::kFirst ? s.first : s.recent;
+    if (state != 0) s.recent = at;
   }
 
   Occurrence occurrence_;
@@ -216,13 +241,9 @@ class Automaton {
   int32_t prompt_end_ = 0;
   Match prompt_match_;
   std::vector<Member> members_;
-  // Per state.
-  std::vector<int32_t> len_;
-  std::vector<int32_t> link_;
-  std::vector<Position> first_;
-  std::vector<Position> recent_;
-  std::vector<int32_t> head_;
-  // Per edge (a singly linked list per state, for cloning) and the lookup table.
+  std::vector<State> states_;
+  // Edges beyond each state's inline one: a singly linked list per state (for
+  // cloning) and the lookup table.
   std::vector<int32_t> edge_token_;
   std::vector<int32_t> edge_target_;
   std::vector<int32_t> edge_next_;

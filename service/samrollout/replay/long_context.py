@@ -44,34 +44,37 @@ def concatenated_tokens(groups: list[TraceGroup], length: int) -> np.ndarray:
 
 
 def measure(make: Callable[[], ReplayDrafter], groups: list[TraceGroup], lengths: list[int], k: int,
-            rows: int = 8, steps: int = 128) -> list[LongContextCost]:
+            rows: int = 8, steps: int = 128, warmup: int = 16) -> list[LongContextCost]:
     """Per row-step drafter cost for a batch of ``rows`` long rows at each context length.
 
     Every row holds ``length`` real tokens (a different slice of the traces) before it
     starts decoding; the default of 8 rows is the tail batch at the published threshold.
+    The first ``warmup`` steps are not timed (steady state is what a long tail pays).
     """
     out = []
     for length in lengths:
-        tokens = concatenated_tokens(groups, length + rows * (steps * (k + 1) + 1))
+        span = (warmup + steps) * (k + 1) + 1
+        tokens = concatenated_tokens(groups, length + rows * span)
         drafter = make()
         full, responses, position, pending = {}, {}, {}, {}
         for row in range(rows):
             # Row r's context is the first `length` tokens shifted by r: distinct, real text.
-            start = row * (steps * (k + 1) + 1)
-            full[row] = tokens[start: start + length + steps * (k + 1) + 1]
+            start = row * span
+            full[row] = tokens[start: start + length + span]
             drafter.add(row, row, full[row][:length])
             responses[row] = full[row][length:]
             position[row], pending[row] = 1, responses[row][:1].tolist()
         result = ReplayResult(drafter.name, k, accepted_by_position=[0] * k, drafted_by_position=[0] * k)
         elapsed = 0.0
-        for _ in range(steps):
+        for step in range(warmup + steps):
             ids = list(range(rows))
             contexts = [full[r][: length + position[r]] for r in ids]
             new = [pending[r] for r in ids]
             begin = time.perf_counter()
             drafts = drafter.step(ids, new, contexts, k)
-            elapsed += time.perf_counter() - begin
-            result.row_steps += rows
+            if step >= warmup:
+                elapsed += time.perf_counter() - begin
+                result.row_steps += rows
             for r, draft in zip(ids, drafts, strict=True):
                 verify_step(result, r, np.asarray(draft, dtype=np.int64)[:k], responses, position, pending)
         memory = getattr(drafter, "memory_bytes", None)
