@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -127,6 +128,16 @@ def test_both_sources_prefer_the_longer_match():
     drafter.append("a", [5, 6, 7, 8, 9, 20, 21])
     drafter.append("b", [7, 30, 5, 6, 7, 8])  # own history: 7 -> 30; sibling: 5 6 7 8 -> 9 20
     assert drafter.propose("b", 2) == [9, 20]
+
+
+@pytest.mark.parametrize(("margin", "expected"), [(0, [9, 20]), (1, [9, 20]), (2, [31, 5])])
+def test_group_match_must_beat_the_own_match_by_more_than_the_margin(margin, expected):
+    drafter = SamDrafter(VOCAB, DraftPolicy(min_match_length=1, occurrence="first", group_margin=margin))
+    drafter.add_request("a", [1], group="g")
+    drafter.add_request("b", [1], group="g")
+    drafter.append("a", [6, 7, 8, 9, 20, 21])
+    drafter.append("b", [8, 31, 5, 6, 7, 8])  # own: "8" -> 31 5 (match 1); group: "6 7 8" -> 9 20 (match 3)
+    assert drafter.propose("b", 2) == expected
 
 
 def test_batched_step_equals_one_call_per_request():

@@ -122,18 +122,20 @@ NB_MODULE(_sam_core, m) {
       .def(
           "__init__",
           [](Drafter* self, int32_t vocab_size, int32_t min_match_length, double match_scale,
-             int32_t occurrence, int32_t source, int64_t max_request_tokens, int64_t max_group_tokens) {
+             int32_t occurrence, int32_t source, int32_t group_margin, int64_t max_request_tokens,
+             int64_t max_group_tokens) {
             samrollout::DraftPolicy policy;
             policy.vocab_size = vocab_size;
             policy.min_match_length = min_match_length;
             policy.match_scale = match_scale;
             policy.occurrence = static_cast<samrollout::Occurrence>(occurrence);
             policy.source = static_cast<samrollout::Source>(source);
+            policy.group_margin = group_margin;
             policy.max_request_tokens = max_request_tokens;
             policy.max_group_tokens = max_group_tokens;
             new (self) Drafter(policy);
           },
-          "vocab_size"_a, "min_match_length"_a, "match_scale"_a, "occurrence"_a, "source"_a,
+          "vocab_size"_a, "min_match_length"_a, "match_scale"_a, "occurrence"_a, "source"_a, "group_margin"_a,
           "max_request_tokens"_a, "max_group_tokens"_a)
       .def(
           "add_request",

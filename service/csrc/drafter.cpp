@@ -26,6 +26,7 @@ Drafter::Drafter(const DraftPolicy& policy) : policy_(policy) {
       policy.source != Source::kBoth) {
     fail("source must be own, group or both");
   }
+  if (policy.group_margin < 0) fail("group_margin must be >= 0");
   if (policy.max_request_tokens < 1 || policy.max_group_tokens < 1) {
     fail("token limits must be positive");
   }
@@ -156,8 +157,9 @@ int32_t Drafter::propose_locked(const Request& r, int32_t k, int32_t* out) const
     if (!g.overflow) group_count = g.automaton->continuation(r.group_sid, k, group_draft, &group_match);
   }
 
-  // Prefer the longer match; on a tie the request's own history wins.
-  const bool use_group = group_count > 0 && (own_count == 0 || group_match > own_match);
+  // Prefer the longer match; the request's own history wins ties and near-ties.
+  const bool use_group =
+      group_count > 0 && (own_count == 0 || group_match > own_match + policy_.group_margin);
   const int32_t* source = use_group ? group_draft : own_draft;
   const int32_t match = use_group ? group_match : own_match;
   const int32_t available = use_group ? group_count : own_count;

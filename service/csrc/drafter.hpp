@@ -24,6 +24,7 @@ struct DraftPolicy {
   double match_scale = 0.0;         // >0: draft at most max(1, scale * match) tokens
   Occurrence occurrence = Occurrence::kFirst;
   Source source = Source::kBoth;    // for requests that belong to a group
+  int32_t group_margin = 0;         // kBoth: the group's match must be longer by more than this
   int64_t max_request_tokens = int64_t{1} << 22;  // own automaton bound
   int64_t max_group_tokens = int64_t{1} << 24;    // group automaton bound
 };

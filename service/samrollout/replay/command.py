@@ -27,6 +27,9 @@ def add_replay_parser(commands: Any) -> None:
                    help=f"comma-separated, in table order (default: {','.join(DEFAULT_DRAFTERS)})")
     p.add_argument("--k", type=int, default=3, help="draft tokens per step (default 3)")
     p.add_argument("--max-groups", type=int, help="replay only the first N prompt groups")
+    p.add_argument("--tail-rows", type=int, default=16,
+                   help="the tail: positions where, without speculation, at most this many responses still "
+                        "run (default 16); its MAL is reported on its own")
     p.add_argument("--long-context", default="8192,16384,32768",
                    help="context lengths for the per-step cost table ('' to skip)")
     p.add_argument("--long-context-rows", type=int, default=8,
@@ -71,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
         except ValueError as error:
             print(f"samrollout replay: {error}", file=sys.stderr)
             return 2
-        results.append(replay(drafter, groups, args.k))
+        results.append(replay(drafter, groups, args.k, tail_rows=args.tail_rows))
         if lengths:
             costs += long_context.measure(make, groups, lengths, args.k, rows=args.long_context_rows)
     print()

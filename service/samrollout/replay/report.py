@@ -11,13 +11,16 @@ from samrollout.replay.simulate import ReplayResult
 
 
 def format_table(results: list[ReplayResult]) -> str:
-    """One row per drafter: MAL, acceptance rate, draft tokens per step, costs."""
-    header = f"{'drafter':<14}{'MAL':>7}{'accept':>9}{'draft/step':>12}{'us/step':>11}{'us/token':>11}"
+    """One row per drafter: MAL (all steps and tail steps), acceptance rate, draft tokens per step, costs."""
+    tail = results[0].tail_rows if results else 16
+    header = (f"{'drafter':<14}{'MAL':>7}{f'MAL tail<={tail}':>14}{'accept':>9}{'draft/step':>12}"
+              f"{'us/step':>11}{'us/token':>11}")
     lines = [header, "-" * len(header)]
     for r in results:
         d = r.as_dict()
         lines.append(
-            f"{r.name:<14}{d['mean_acceptance_length']:>7.3f}{d['acceptance_rate']:>9.3f}"
+            f"{r.name:<14}{d['mean_acceptance_length']:>7.3f}{d['tail_mean_acceptance_length']:>14.3f}"
+            f"{d['acceptance_rate']:>9.3f}"
             f"{d['draft_tokens_per_step']:>12.2f}{d['us_per_step']:>11.2f}{d['us_per_token']:>11.2f}"
         )
     return "\n".join(lines)
@@ -78,7 +81,7 @@ def write_plot(path: str | Path, results: list[ReplayResult], costs: list[LongCo
         axes[2].set_yscale("log")
         axes[2].set_xlabel("context tokens")
         axes[2].set_title("cost per row-step at long context (us)")
-        axes[2].legend()
+        axes[2].legend(fontsize=8)
     for ax in axes[:2]:
         ax.tick_params(axis="x", rotation=30)
     fig.suptitle(title)

@@ -2,8 +2,12 @@
 
 Every verification step yields the accepted draft tokens plus one bonus token (the
 target model's own next token), exactly as speculative decoding does when the
-sampled response is the one recorded.  The siblings of a prompt run side by side,
-one step each per round, as they do in a real engine batch.
+sampled response is the one recorded.  The replay is shaped like a rollout: every
+response starts at once and each round is one engine step for all running rows, so
+rows finish at different times and the last few long ones form the tail.  The tail is
+fixed by the traces, not by the drafter: the positions past the round at which, without
+speculation, at most ``tail_rows`` responses would still run.  That is where a
+thresholded engine speculates, so its acceptance is reported on its own.
 """
 
 from __future__ import annotations
@@ -34,11 +38,19 @@ class ReplayResult:
     step_seconds: float = 0.0   # time in the per-step calls
     accepted_by_position: list[int] = field(default_factory=list)
     drafted_by_position: list[int] = field(default_factory=list)
+    tail_steps: int = 0         # verification steps that started at a tail position
+    tail_tokens: int = 0
+    tail_rows: int = 16
 
     @property
     def mean_acceptance_length(self) -> float:
         """Tokens per verification step, the bonus token included (1.0: no gain)."""
         return self.tokens / self.steps if self.steps else 0.0
+
+    @property
+    def tail_mean_acceptance_length(self) -> float:
+        """MAL over the tail's steps only (where a thresholded engine speculates)."""
+        return self.tail_tokens / self.tail_steps if self.tail_steps else 0.0
 
     @property
     def acceptance_rate(self) -> float:
@@ -62,6 +74,9 @@ class ReplayResult:
             "drafter": self.name,
             "k": self.k,
             "mean_acceptance_length": self.mean_acceptance_length,
+            "tail_mean_acceptance_length": self.tail_mean_acceptance_length,
+            "tail_rows": self.tail_rows,
+            "tail_steps": self.tail_steps,
             "acceptance_rate": self.acceptance_rate,
             "draft_tokens_per_step": self.drafted / self.steps if self.steps else 0.0,
             "us_per_step": self.us_per_step,
@@ -76,43 +91,52 @@ class ReplayResult:
         }
 
 
-def replay(drafter: ReplayDrafter, groups: list[TraceGroup], k: int) -> ReplayResult:
-    """Replay every group through ``drafter`` and count what a greedy verifier accepts."""
-    result = ReplayResult(drafter.name, k, accepted_by_position=[0] * k, drafted_by_position=[0] * k)
-    next_id = 0
+def replay(drafter: ReplayDrafter, groups: list[TraceGroup], k: int, tail_rows: int = 16) -> ReplayResult:
+    """Replay every response through ``drafter`` as one rollout and count what a greedy verifier accepts."""
+    result = ReplayResult(drafter.name, k, accepted_by_position=[0] * k, drafted_by_position=[0] * k,
+                          tail_rows=tail_rows)
+    full: dict[int, np.ndarray] = {}
+    prompt_length: dict[int, int] = {}
+    responses: dict[int, np.ndarray] = {}
+    position: dict[int, int] = {}
+    pending: dict[int, list[int]] = {}
     for group_index, group in enumerate(groups):
-        full: dict[int, np.ndarray] = {}
-        responses: dict[int, np.ndarray] = {}
-        position: dict[int, int] = {}
-        pending: dict[int, list[int]] = {}
         for response in group.responses:
             if len(response) < 2:
                 continue  # the first token comes from prefill: nothing to speculate on
-            seq_id, next_id = next_id, next_id + 1
+            seq_id = len(full)
             start = time.perf_counter()
             drafter.add(seq_id, group_index, group.prompt)
             result.lifecycle_seconds += time.perf_counter() - start
             result.indexed_tokens += len(group.prompt)
             full[seq_id] = np.concatenate([group.prompt, response])
+            prompt_length[seq_id] = len(group.prompt)
             responses[seq_id] = response
             position[seq_id] = 1
             pending[seq_id] = response[:1].tolist()
-        while position:
-            ids = list(position)
-            contexts = [full[i][: len(group.prompt) + position[i]] for i in ids]
-            new = [pending[i] for i in ids]
+    # The first position at which at most tail_rows responses are still unfinished.
+    lengths = sorted((len(r) for r in responses.values()), reverse=True)
+    tail_start = lengths[tail_rows] if len(lengths) > tail_rows else 0
+    while position:
+        ids = list(position)
+        contexts = [full[i][: prompt_length[i] + position[i]] for i in ids]
+        new = [pending[i] for i in ids]
+        start = time.perf_counter()
+        drafts = drafter.step(ids, new, contexts, k)
+        result.step_seconds += time.perf_counter() - start
+        result.row_steps += len(ids)
+        result.indexed_tokens += sum(len(t) for t in new)
+        for seq_id, draft in zip(ids, drafts, strict=True):
+            before, in_tail = result.tokens, position[seq_id] >= tail_start
+            verify_step(result, seq_id, np.asarray(draft, dtype=np.int64)[:k], responses, position, pending)
+            if in_tail:
+                result.tail_steps += 1
+                result.tail_tokens += result.tokens - before
+        for seq_id in [i for i in ids if position[i] >= len(responses[i])]:
             start = time.perf_counter()
-            drafts = drafter.step(ids, new, contexts, k)
-            result.step_seconds += time.perf_counter() - start
-            result.row_steps += len(ids)
-            result.indexed_tokens += sum(len(t) for t in new)
-            for seq_id, draft in zip(ids, drafts, strict=True):
-                verify_step(result, seq_id, np.asarray(draft, dtype=np.int64)[:k], responses, position, pending)
-            for seq_id in [i for i in ids if position[i] >= len(responses[i])]:
-                start = time.perf_counter()
-                drafter.remove(seq_id)
-                result.lifecycle_seconds += time.perf_counter() - start
-                del position[seq_id], pending[seq_id]
+            drafter.remove(seq_id)
+            result.lifecycle_seconds += time.perf_counter() - start
+            del position[seq_id], pending[seq_id]
     return result
 
 
