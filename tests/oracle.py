@@ -39,9 +39,21 @@ def group_occurrences(prompt: Sequence[int], responses: Sequence[Sequence[int]],
     return 0, []
 
 
-def expected_length(match: int, k: int, min_match: int, scale: float, available: int) -> int:
+def expected_length(match: int, k: int, min_match: int, scale: float) -> int:
     """Draft length the policy allows for a match of length ``match``."""
     if match < min_match:
         return 0
-    limit = k if scale <= 0 else min(k, max(1, int(scale * match)))
-    return min(limit, available)
+    return k if scale <= 0 else min(k, max(1, int(scale * match)))
+
+
+def own_continuation(seq: Sequence[int], end: int, count: int) -> list[int]:
+    """``count`` tokens after position ``end`` of ``seq``, continued periodically past its end.
+
+    The occurrence ending at ``end`` matches the suffix of ``seq``, so what followed it is
+    predicted to follow again: the draft repeats with period len(seq) - 1 - end.
+    """
+    draft: list[int] = []
+    for i in range(count):
+        j = end + 1 + i
+        draft.append(seq[j] if j < len(seq) else draft[j - len(seq)])
+    return draft

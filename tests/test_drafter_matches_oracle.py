@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from oracle import expected_length, group_occurrences, own_occurrences
+from oracle import expected_length, group_occurrences, own_continuation, own_occurrences
 from samrollout import DraftPolicy, SamDrafter
 
 VOCAB = 50
@@ -29,8 +29,7 @@ def test_first_occurrence_draft_equals_brute_force_after_every_append(prompt, ou
         draft = drafter.propose("r", k)
         if ends:
             e = min(ends)
-            n = expected_length(length, k, min_match, scale, len(seq) - 1 - e)
-            assert draft == seq[e + 1: e + 1 + n]
+            assert draft == own_continuation(seq, e, expected_length(length, k, min_match, scale))
         else:
             assert draft == []
         assert drafter.info("r")["match_length"] == length
@@ -57,7 +56,7 @@ def test_recent_occurrence_draft_continues_some_longest_earlier_match(tokens, k)
         if not ends:
             assert draft == []
             continue
-        assert any(draft == seq[e + 1: e + 1 + min(k, len(seq) - 1 - e)] for e in ends)
+        assert any(draft == own_continuation(seq, e, k) for e in ends)
 
 
 @settings(max_examples=200, deadline=None)
@@ -91,7 +90,7 @@ def test_group_match_is_the_longest_anywhere_in_the_group_and_drafts_continue_it
             me = list(prompt) + responses[m]
             # Some occurrence of a suffix of `me` (any length) ends where the draft starts.
             assert any(
-                s[e + 1: e + 1 + len(draft)] == draft
+                (s[e + 1: e + 1 + len(draft)] == draft or (s == me and own_continuation(me, e, len(draft)) == draft))
                 and any(s[max(0, e - L + 1): e + 1] == me[len(me) - L:] for L in range(1, length + 1))
                 for s, e in _all_ends(prompt, responses, m)
             )
@@ -103,6 +102,14 @@ def _all_ends(prompt, responses, member):
     for s in strings:
         ends += [(s, e) for e in range(len(s) - 1)]
     return ends
+
+
+def test_a_loop_shorter_than_k_is_drafted_in_full():
+    drafter = SamDrafter(VOCAB, DraftPolicy(min_match_length=1))
+    drafter.add_request("r", [5, 6, 5, 6, 5])
+    assert drafter.propose("r", 5) == [6, 5, 6, 5, 6]
+    drafter.add_request("s", [9, 9, 9])
+    assert drafter.propose("s", 4) == [9, 9, 9, 9]
 
 
 def test_sibling_behind_drafts_what_the_sibling_ahead_wrote():

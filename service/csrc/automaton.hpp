@@ -83,9 +83,12 @@ class Automaton {
   }
 
   // Writes up to `limit` tokens that followed the member's match into `out`;
-  // returns how many.  When the chosen occurrence has no continuation yet (it
-  // ends where a sibling's string ends), shorter matches are tried, at most
-  // `kMaxFallbackHops` suffix links up, keeping drafting O(1).
+  // returns how many.  When the occurrence lies in the member's own string, its
+  // continuation runs into the suffix being matched, so the draft continues
+  // periodically (a loop of period p drafts all `limit` tokens, not p).  When the
+  // chosen occurrence has no continuation yet (it ends where a sibling's string
+  // ends), shorter matches are tried, at most `kMaxFallbackHops` suffix links up,
+  // keeping drafting O(1).
   int32_t continuation(int32_t sid, int32_t limit, int32_t* out, int32_t* match_length) const {
     const Match& match = members_[sid - 1].match;
     int32_t state = match.state;
@@ -95,8 +98,10 @@ class Automaton {
       const int32_t source = anchor.sid == 0 ? sid : anchor.sid;
       const int32_t available = static_cast<int32_t>(length_of(source)) - 1 - anchor.pos;
       if (available > 0) {
-        const int32_t n = available < limit ? available : limit;
-        for (int32_t i = 0; i < n; ++i) out[i] = token_at(source, anchor.pos + 1 + i);
+        const int32_t n = source == sid ? limit : (available < limit ? available : limit);
+        for (int32_t i = 0; i < n; ++i) {
+          out[i] = i < available ? token_at(source, anchor.pos + 1 + i) : out[i - available];
+        }
         *match_length = length;
         return n;
       }

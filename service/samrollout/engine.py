@@ -1,0 +1,48 @@
+"""Build vLLM engines with SAM speculation, from Python, without HTTP.
+
+    from samrollout.engine import build_llm
+    llm = build_llm("path/to/model", SpeculationConfig(k=3))
+
+`engine_kwargs` is the piece the server and the tests share: vLLM keyword arguments
+that load `SamProposer` through ``method="custom_class"`` and carry our config to the
+worker processes in ``additional_config``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from samrollout.config import ADDITIONAL_CONFIG_KEY, SpeculationConfig
+
+PROPOSER_CLASS = "samrollout.spec_decode.proposer.SamProposer"
+
+
+def engine_kwargs(model: str, speculation: SpeculationConfig | None = None, **overrides: Any) -> dict[str, Any]:
+    """vLLM engine arguments for ``model``; ``speculation=None`` turns SAM off."""
+    kwargs: dict[str, Any] = {"model": model}
+    if speculation is not None:
+        kwargs["speculative_config"] = {
+            "method": "custom_class",
+            "model": PROPOSER_CLASS,
+            "num_speculative_tokens": speculation.k,
+        }
+        additional = dict(overrides.pop("additional_config", None) or {})
+        additional[ADDITIONAL_CONFIG_KEY] = speculation.to_json()
+        kwargs["additional_config"] = additional
+    kwargs.update(overrides)
+    return kwargs
+
+
+def build_llm(model: str, speculation: SpeculationConfig | None = None, **overrides: Any) -> Any:
+    """An offline ``vllm.LLM`` with SAM speculation (call under ``if __name__ == "__main__":``)."""
+    from vllm import LLM
+
+    return LLM(**engine_kwargs(model, speculation, **overrides))
+
+
+def build_async_engine(model: str, speculation: SpeculationConfig | None = None, **overrides: Any) -> Any:
+    """A ``vllm.v1.engine.async_llm.AsyncLLM`` with SAM speculation (for servers)."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    return AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_kwargs(model, speculation, **overrides)))

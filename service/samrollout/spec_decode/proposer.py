@@ -1,0 +1,188 @@
+"""The vLLM proposer: SAM drafts for every running request, one native call per step.
+
+Loaded by vLLM through ``speculative_config={"method": "custom_class", "model":
+"samrollout.spec_decode.proposer.SamProposer", "num_speculative_tokens": k}``
+(`samrollout.engine` builds that for you).  State is kept per vLLM request id: rows
+move between steps, requests are preempted and come back, partial prefills give no
+sampled token.  The sequence in ``token_ids_cpu`` is the source of truth, so whatever
+happened between two steps, a request's automaton is brought up to date by appending
+what it has not seen (or rebuilt if the sequence got shorter).
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from typing import Any
+
+import numpy as np
+
+from samrollout.config import ADDITIONAL_CONFIG_KEY, GROUP_FIELD, SpeculationConfig
+from samrollout.drafter import SamDrafter
+from samrollout.spec_decode.gate import Gate, make_gate
+
+
+def find_model_runner() -> Any:
+    """The model runner constructing us (vLLM passes only the config; the runner holds the batch).
+
+    Its ``input_batch`` and ``requests`` are read at every step, so they may be created
+    after the proposer (as vLLM's GPU and NPU runners do).
+    """
+    frame = inspect.currentframe()
+    while frame is not None:
+        candidate = frame.f_locals.get("self")
+        if candidate is not None and type(candidate).__name__.endswith("ModelRunner"):
+            return candidate
+        frame = frame.f_back
+    raise RuntimeError("SamProposer must be constructed by a vLLM model runner (custom_class proposer)")
+
+
+def group_of(request_id: str, extra_args: dict[str, Any] | None) -> str | None:
+    """The request's group: the explicit extra_args field, else the parent of an n>1 child.
+
+    vLLM names the children of a request with n > 1 "{index}_{parent id}" and then adds
+    "-{8 random characters}" to every internal id.
+    """
+    if extra_args and extra_args.get(GROUP_FIELD) is not None:
+        return str(extra_args[GROUP_FIELD])
+    head, _, rest = request_id.partition("_")
+    if head.isdigit() and rest:
+        parent, dash, suffix = rest.rpartition("-")
+        return f"n:{parent if dash and len(suffix) == 8 else rest}"
+    return None
+
+
+class SamProposer:
+    """vLLM custom_class proposer backed by the native SAM drafter."""
+
+    def __init__(self, vllm_config: Any, runner: Any | None = None) -> None:
+        spec = vllm_config.speculative_config
+        extra = vllm_config.additional_config or {}
+        settings = dict(extra.get(ADDITIONAL_CONFIG_KEY, {})) if isinstance(extra, dict) else {}
+        settings["k"] = int(spec.num_speculative_tokens)
+        self.config = SpeculationConfig.from_json(settings)
+        self.k = self.config.k
+        self.max_model_len = int(vllm_config.model_config.max_model_len)
+        self.drafter = SamDrafter(int(vllm_config.model_config.get_vocab_size()), self.config.policy)
+        self.gate: Gate = make_gate(self.config)
+        self.runner = runner if runner is not None else find_model_runner()
+        self.draft_sampled = self._draft_sampled(self.config.sampled_requests)
+        self._indexed: dict[str, int] = {}       # tokens each request's automaton holds
+        self._last_draft: dict[str, int] = {}    # length of each request's previous draft
+        self._last_call: float | None = None
+        self._last_running = 0
+        self._last_drafted = False
+        # Counters for metrics and tests: what we proposed, what came back accepted.
+        self.steps = 0
+        self.draft_tokens = 0
+        self.accepted_tokens = 0
+        self.sampled_rows_skipped = 0
+
+    @staticmethod
+    def _draft_sampled(mode: str) -> bool:
+        if mode != "auto":
+            return mode == "draft"
+        from vllm.platforms import current_platform
+
+        return not current_platform.is_cpu()
+
+    def stats(self) -> dict[str, int]:
+        """Counters since start: steps, draft tokens proposed and accepted, sampled rows skipped."""
+        return {"steps": self.steps, "draft_tokens": self.draft_tokens, "accepted_tokens": self.accepted_tokens,
+                "sampled_rows_skipped": self.sampled_rows_skipped, "active_requests": self.active_requests}
+
+    def load_model(self, *args: Any, **kwargs: Any) -> None:
+        """No model: the drafter is model-free."""
+
+    def propose(self, sampled_token_ids: list[list[int]], num_tokens_no_spec: np.ndarray,
+                token_ids_cpu: np.ndarray, slot_mappings: Any = None) -> list[list[int]]:
+        """Index every row's new tokens and draft for the rows the gate allows."""
+        now = time.perf_counter()
+        batch = self.runner.input_batch
+        req_ids: list[str] = list(batch.req_ids)
+        rows = len(sampled_token_ids)
+        running = sum(1 for s in sampled_token_ids if s)
+        if self._last_call is not None:
+            self.gate.observe_step(self._last_running, self._last_drafted, now - self._last_call)
+        self._forget_departed(set(batch.req_id_to_index))
+
+        ids: list[str] = []
+        new_tokens: list[list[int]] = []
+        row_of: list[int] = []
+        for i in range(rows):
+            sampled = sampled_token_ids[i]
+            if not sampled:
+                continue  # partial prefill: nothing sampled, nothing to draft
+            request_id = req_ids[i]
+            self._account(request_id, len(sampled))
+            length = int(num_tokens_no_spec[i])
+            seen = self._indexed.get(request_id)
+            if seen is not None and seen > length:  # the sequence shrank: rebuild it
+                self._remove(request_id)
+                seen = None
+            if seen is None:
+                prompt_length = int(batch.num_prompt_tokens[i])
+                self._add(request_id, token_ids_cpu[i, :prompt_length])
+                seen = prompt_length
+            ids.append(request_id)
+            new_tokens.append(token_ids_cpu[i, seen:length].tolist())
+            row_of.append(i)
+            self._indexed[request_id] = length
+
+        drafts: list[list[int]] = [[] for _ in range(rows)]
+        step_allowed = bool(ids) and self.gate.allow_step(running)
+        if ids:
+            proposed = self.drafter.step(ids, new_tokens, self.k)
+            if step_allowed:
+                for request_id, i, draft in zip(ids, row_of, proposed, strict=True):
+                    room = self.max_model_len - int(num_tokens_no_spec[i]) - 1
+                    if not draft or room <= 0 or not self.gate.allow_request(request_id):
+                        continue
+                    if not self.draft_sampled and not self._greedy(request_id):
+                        self.sampled_rows_skipped += 1
+                        continue
+                    drafts[i] = draft[:room]
+        for request_id, i in zip(ids, row_of, strict=True):
+            self._last_draft[request_id] = len(drafts[i])
+            self.draft_tokens += len(drafts[i])
+        self.steps += 1
+        self._last_running, self._last_drafted = running, step_allowed
+        self._last_call = time.perf_counter()
+        return drafts
+
+    def _account(self, request_id: str, sampled: int) -> None:
+        """The previous draft's outcome: sampled = accepted + 1 bonus token."""
+        drafted = self._last_draft.get(request_id, 0)
+        if drafted:
+            accepted = min(sampled - 1, drafted)
+            self.accepted_tokens += accepted
+            self.gate.observe_request(request_id, drafted, accepted)
+
+    def _greedy(self, request_id: str) -> bool:
+        params = getattr(self.runner.requests.get(request_id), "sampling_params", None)
+        return params is not None and params.temperature < 1e-5
+
+    def _add(self, request_id: str, prompt: np.ndarray) -> None:
+        group = None
+        if self.config.group_drafting:
+            state = self.runner.requests.get(request_id)
+            params = getattr(state, "sampling_params", None)
+            group = group_of(request_id, getattr(params, "extra_args", None))
+        self.drafter.add_request(request_id, prompt, group=group)
+
+    def _remove(self, request_id: str) -> None:
+        self.drafter.remove_request(request_id)
+        self._indexed.pop(request_id, None)
+        self._last_draft.pop(request_id, None)
+
+    def _forget_departed(self, present: set[str]) -> None:
+        """Free requests that left the batch (finished, aborted or preempted)."""
+        departed = [r for r in self._indexed if r not in present]
+        for request_id in departed:
+            self._remove(request_id)
+        self.gate.forget(departed)
+
+    @property
+    def active_requests(self) -> int:
+        """Requests whose automata are held now."""
+        return len(self._indexed)

@@ -1,0 +1,45 @@
+"""Shared fixtures: the built-in models (converted once, cached) and a runner for real engine jobs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from samrollout.models import build_tiny_model, cache_root, ensure_smollm2
+
+HERE = Path(__file__).parent
+# Engine settings every engine test uses: vLLM on this CPU wants <= 0.3 of memory; float32
+# keeps numerics identical whether a position is computed alone or inside a verification pass.
+ENGINE = {"gpu_memory_utilization": 0.3, "max_model_len": 2048, "dtype": "float32", "seed": 0,
+          "disable_log_stats": False, "enforce_eager": True}
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir() -> Path:
+    return ensure_smollm2()
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(smollm2_dir: Path) -> Path:
+    return build_tiny_model(cache_root() / "models" / "tiny-random-llama", smollm2_dir)
+
+
+def run_engine_jobs(model: Path, speculation: dict[str, Any] | None, jobs: list[dict[str, Any]],
+                    workdir: Path, **engine: Any) -> dict[str, Any]:
+    """Run ``jobs`` on a fresh engine in a subprocess (tests/engine_jobs.py) and return its JSON."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    spec_file, out_file = workdir / "jobs.json", workdir / "out.json"
+    spec_file.write_text(json.dumps({"model": str(model), "speculation": speculation,
+                                     "engine": {**ENGINE, **engine}, "jobs": jobs}))
+    proc = subprocess.run([sys.executable, str(HERE / "engine_jobs.py"), str(spec_file), str(out_file)],
+                          capture_output=True, text=True, timeout=900, env=os.environ.copy())
+    if proc.returncode != 0:
+        raise RuntimeError(f"engine jobs failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
+    result: dict[str, Any] = json.loads(out_file.read_text())
+    return result

