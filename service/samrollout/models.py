@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
+import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -51,8 +53,26 @@ def ensure_smollm2(target: Path | None = None) -> Path:
     gguf = smollm2_gguf()
     print(f"samrollout: converting {gguf.name} to a Hugging Face checkpoint in {target} (once)...",
           file=sys.stderr, flush=True)
-    _convert_gguf(gguf, target)
+    _build_atomically(target, lambda staging: _convert_gguf(gguf, staging))
     return target
+
+
+def _build_atomically(target: Path, build: Callable[[Path], None]) -> None:
+    """Build into a staging directory beside ``target``, then move it in whole.
+
+    A concurrent or interrupted build never leaves a half-written model where a reader
+    would take it; the done marker is written last, inside the staging directory.
+    """
+    staging = target.with_name(f"{target.name}.tmp-{os.getpid()}")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    build(staging)
+    (staging / _DONE_MARKER).write_text("ok\n")
+    if (target / _DONE_MARKER).exists():  # another process finished first
+        shutil.rmtree(staging, ignore_errors=True)
+        return
+    shutil.rmtree(target, ignore_errors=True)
+    os.replace(staging, target)
 
 
 def build_tiny_model(target: Path, tokenizer_from: Path | None = None, seed: int = 0) -> Path:
@@ -77,10 +97,12 @@ def build_tiny_model(target: Path, tokenizer_from: Path | None = None, seed: int
     )
     torch.manual_seed(seed)
     model: Any = LlamaForCausalLM(config)  # type: ignore[no-untyped-call]
-    target.mkdir(parents=True, exist_ok=True)
-    model.to(torch.bfloat16).save_pretrained(target)
-    tokenizer.save_pretrained(target)
-    (target / _DONE_MARKER).write_text("ok\n")
+
+    def save(staging: Path) -> None:
+        model.to(torch.bfloat16).save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+
+    _build_atomically(target, save)
     return target
 
 
@@ -98,8 +120,6 @@ def _convert_gguf(gguf: Path, target: Path) -> None:
     tied = {"lm_head.weight"} if config.tie_word_embeddings else set()
     if set(missing) - tied or unexpected:
         raise RuntimeError(f"GGUF conversion mismatch: missing {missing}, unexpected {unexpected}")
-    target.mkdir(parents=True, exist_ok=True)
     model.to(torch.bfloat16).save_pretrained(target)
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     tokenizer.save_pretrained(target)
-    (target / _DONE_MARKER).write_text("ok\n")
