@@ -16,9 +16,9 @@ from typing import Any
 os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # collective_rpc with a function below
 
 
-def proposer_stats(worker: Any) -> dict[str, int]:
+def proposer_stats(worker: Any) -> dict[str, float]:
     """The SAM proposer's counters (run inside the worker)."""
-    stats: dict[str, int] = worker.model_runner.drafter.stats()
+    stats: dict[str, float] = worker.model_runner.drafter.stats()
     return stats
 
 

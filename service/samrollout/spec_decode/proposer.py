@@ -77,6 +77,7 @@ class SamProposer:
         self.draft_tokens = 0
         self.accepted_tokens = 0
         self.sampled_rows_skipped = 0
+        self.propose_seconds = 0.0
 
     @staticmethod
     def _draft_sampled(mode: str) -> bool:
@@ -86,10 +87,11 @@ class SamProposer:
 
         return not current_platform.is_cpu()
 
-    def stats(self) -> dict[str, int]:
-        """Counters since start: steps, draft tokens proposed and accepted, sampled rows skipped."""
+    def stats(self) -> dict[str, float]:
+        """Counters since start: steps, draft tokens proposed and accepted, sampled rows skipped, time."""
         return {"steps": self.steps, "draft_tokens": self.draft_tokens, "accepted_tokens": self.accepted_tokens,
-                "sampled_rows_skipped": self.sampled_rows_skipped, "active_requests": self.active_requests}
+                "sampled_rows_skipped": self.sampled_rows_skipped, "active_requests": self.active_requests,
+                "propose_seconds": self.propose_seconds}
 
     def load_model(self, *args: Any, **kwargs: Any) -> None:
         """No model: the drafter is model-free."""
@@ -148,6 +150,7 @@ class SamProposer:
         self.steps += 1
         self._last_running, self._last_drafted = running, step_allowed
         self._last_call = time.perf_counter()
+        self.propose_seconds += self._last_call - now
         return drafts
 
     def _account(self, request_id: str, sampled: int) -> None:

@@ -1,0 +1,188 @@
+"""SAM inside the real engine vs no speculation and vLLM's ngram: throughput, acceptance, rollout makespan.
+
+    python bench/spec_engine.py --json out/spec_engine.json --plot out/spec_engine.png
+
+Every mode runs in its own process on the same prompts (greedy: on vLLM's CPU backend
+SAM drafts only for greedy requests, see README): decode throughput at several batch
+sizes, then a rollout-shaped workload whose max_tokens are heavy-tailed, reporting its
+makespan and the time spent in the tail (at most --tail requests running).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # collective_rpc(proposer_stats)
+
+MODES: dict[str, dict[str, Any] | None] = {
+    "off": None,
+    "sam-static": {"method": "sam", "threshold_mode": "static"},
+    "sam-adaptive": {"method": "sam", "threshold_mode": "adaptive"},
+    "sam-always": {"method": "sam", "threshold_mode": "off"},
+    "ngram": {"method": "ngram"},
+}
+QUESTIONS = [
+    "Explain step by step how to compute 347 * 29, then check the result.",
+    "Write a Python function that sorts a list with insertion sort and explain each line.",
+    "List the first 30 square numbers, one per line, with how each is computed.",
+    "Describe the water cycle in detail, step by step.",
+    "Write a story about a robot who learns to paint, in several paragraphs.",
+    "Solve: a train goes 60 km/h for 2.5 hours, then 80 km/h for 1.75 hours. Total distance? Show work.",
+    "Count from 1 to 60, separated by commas.",
+    "Write an HTML page with a table of five fruits and their colours.",
+]
+
+
+def _engine_args(mode: str, k: int, threshold: int) -> dict[str, Any]:
+    from samrollout.config import SpeculationConfig
+    from samrollout.engine import engine_kwargs
+    from samrollout.models import ensure_smollm2
+
+    model = str(ensure_smollm2())
+    base = {"gpu_memory_utilization": 0.3, "max_model_len": 4096, "seed": 0, "disable_log_stats": False}
+    setting = MODES[mode]
+    if setting is None:
+        return engine_kwargs(model, None, **base)
+    if setting["method"] == "ngram":
+        return engine_kwargs(model, None, speculative_config={"method": "ngram", "num_speculative_tokens": k,
+                                                              "prompt_lookup_min": 5, "prompt_lookup_max": 5}, **base)
+    config = SpeculationConfig(k=k, threshold_mode=setting["threshold_mode"], threshold=threshold)
+    return engine_kwargs(model, config, **base)
+
+
+def proposer_stats(worker: Any) -> dict[str, float]:
+    """The SAM proposer's counters (runs inside the worker)."""
+    result: dict[str, float] = worker.model_runner.drafter.stats()
+    return result
+
+
+def _spec_counts(llm: Any) -> dict[str, float]:
+    return {m.name: float(m.value) for m in llm.get_metrics()
+            if m.name in ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_accepted_tokens",
+                          "vllm:spec_decode_num_draft_tokens")}
+
+
+def run_mode(mode: str, args: argparse.Namespace) -> dict[str, Any]:
+    """Everything measured for one mode (runs inside its own process)."""
+    import numpy as np
+    from vllm import LLM, SamplingParams
+
+    llm = LLM(**_engine_args(mode, args.k, args.threshold))
+    chats = [[{"role": "user", "content": q}] for q in QUESTIONS]
+    llm.chat(chats[:2], SamplingParams(temperature=0, max_tokens=16), use_tqdm=False)  # warm-up
+    out: dict[str, Any] = {"mode": mode, "batches": []}
+    for batch in args.batch_sizes:
+        before = _spec_counts(llm)
+        convs = [chats[i % len(chats)] for i in range(batch)]
+        start = time.perf_counter()
+        results = llm.chat(convs, SamplingParams(temperature=0, max_tokens=args.max_tokens), use_tqdm=False)
+        seconds = time.perf_counter() - start
+        tokens = sum(len(r.outputs[0].token_ids) for r in results)
+        after = _spec_counts(llm)
+        drafts = after.get("vllm:spec_decode_num_drafts", 0) - before.get("vllm:spec_decode_num_drafts", 0)
+        accepted = (after.get("vllm:spec_decode_num_accepted_tokens", 0)
+                    - before.get("vllm:spec_decode_num_accepted_tokens", 0))
+        drafted = (after.get("vllm:spec_decode_num_draft_tokens", 0)
+                   - before.get("vllm:spec_decode_num_draft_tokens", 0))
+        out["batches"].append({"batch": batch, "tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds,
+                               "mean_acceptance_length": 1 + accepted / drafts if drafts else 1.0,
+                               "acceptance_rate": accepted / drafted if drafted else 0.0})
+    # Rollout: heavy-tailed lengths (most short, a few long), all submitted at once.
+    rng = np.random.default_rng(0)
+    lengths = np.minimum((rng.pareto(1.2, size=args.rollout) + 1) * 24, args.rollout_max).astype(int).tolist()
+    convs = [chats[i % len(chats)] for i in range(args.rollout)]
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in lengths]
+    start = time.perf_counter()
+    finished: list[float] = []
+    for i, conv in enumerate(convs):
+        llm.llm_engine.add_request(f"r{i}", llm.get_tokenizer().apply_chat_template(conv, tokenize=False,
+                                                                                   add_generation_prompt=True),
+                                   params[i])
+    while llm.llm_engine.has_unfinished_requests():
+        for output in llm.llm_engine.step():
+            if output.finished:
+                finished.append(time.perf_counter() - start)
+    makespan = max(finished)
+    finished.sort()
+    tail_start = finished[-args.tail - 1] if len(finished) > args.tail else 0.0
+    out["rollout"] = {"requests": args.rollout, "tokens": sum(lengths), "makespan_s": makespan,
+                      "tail_s": makespan - tail_start, "tail_share": (makespan - tail_start) / makespan}
+    setting = MODES[mode]
+    if setting is not None and setting["method"] == "sam":
+        proposer = llm.collective_rpc(proposer_stats)[0]
+        out["drafter_us_per_step"] = 1e6 * proposer["propose_seconds"] / max(1, proposer["steps"])
+    return out
+
+
+def main() -> None:
+    """Run every mode in a child process, then print the table and write JSON / plot."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--k", type=int, default=3)
+    parser.add_argument("--threshold", type=int, default=8)
+    parser.add_argument("--batch-sizes", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8, 32])
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--rollout", type=int, default=32, help="requests in the rollout workload")
+    parser.add_argument("--rollout-max", type=int, default=768, help="cap of the heavy-tailed max_tokens")
+    parser.add_argument("--tail", type=int, default=8)
+    parser.add_argument("--json")
+    parser.add_argument("--plot")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        mode, path = args.child.split(":", 1)
+        Path(path).write_text(json.dumps(run_mode(mode, args)))
+        return
+    results = []
+    for mode in args.modes.split(","):
+        path = Path(f"/tmp/spec_engine_{os.getpid()}_{mode}.json")
+        cmd = [sys.executable, __file__, "--child", f"{mode}:{path}", *sys.argv[1:]]
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        results.append(json.loads(path.read_text()))
+        path.unlink()
+        print(f"done: {mode}", flush=True)
+    header = f"{'mode':<14}" + "".join(f"{f'tok/s@{b}':>11}{'MAL':>6}" for b in args.batch_sizes)
+    header += f"{'makespan s':>12}{'tail s':>8}{'drafter us':>12}"
+    print(header)
+    for r in results:
+        row = f"{r['mode']:<14}" + "".join(f"{b['tokens_per_s']:>11.1f}{b['mean_acceptance_length']:>6.2f}"
+                                           for b in r["batches"])
+        row += f"{r['rollout']['makespan_s']:>12.2f}{r['rollout']['tail_s']:>8.2f}"
+        row += f"{r.get('drafter_us_per_step', float('nan')):>12.1f}"
+        print(row)
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps({"args": vars(args), "results": results}, indent=2) + "\n")
+    if args.plot:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+        for r in results:
+            axes[0].plot([b["batch"] for b in r["batches"]], [b["tokens_per_s"] for b in r["batches"]],
+                         marker="o", label=r["mode"])
+        axes[0].set_xscale("log", base=2)
+        axes[0].set_xlabel("batch size")
+        axes[0].set_title("output tokens/s (greedy)")
+        axes[0].legend(fontsize=8)
+        names = [r["mode"] for r in results]
+        axes[1].bar(names, [r["rollout"]["makespan_s"] for r in results], label="makespan")
+        axes[1].bar(names, [r["rollout"]["tail_s"] for r in results], label=f"tail (<= {args.tail} running)")
+        axes[1].set_title("rollout makespan, s")
+        axes[1].legend(fontsize=8)
+        axes[1].tick_params(axis="x", rotation=20)
+        fig.tight_layout()
+        fig.savefig(args.plot, dpi=110)
+
+
+if __name__ == "__main__":
+    main()
