@@ -161,27 +161,33 @@ def main() -> None:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps({"args": vars(args), "results": results}, indent=2) + "\n")
     if args.plot:
-        import matplotlib
+        write_plot(results, args.plot, args.tail)
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
 
-        fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-        for r in results:
-            axes[0].plot([b["batch"] for b in r["batches"]], [b["tokens_per_s"] for b in r["batches"]],
-                         marker="o", label=r["mode"])
-        axes[0].set_xscale("log", base=2)
-        axes[0].set_xlabel("batch size")
-        axes[0].set_title("output tokens/s (greedy)")
-        axes[0].legend(fontsize=8)
-        names = [r["mode"] for r in results]
-        axes[1].bar(names, [r["rollout"]["makespan_s"] for r in results], label="makespan")
-        axes[1].bar(names, [r["rollout"]["tail_s"] for r in results], label=f"tail (<= {args.tail} running)")
-        axes[1].set_title("rollout makespan, s")
-        axes[1].legend(fontsize=8)
-        axes[1].tick_params(axis="x", rotation=20)
-        fig.tight_layout()
-        fig.savefig(args.plot, dpi=110)
+def write_plot(results: list[dict[str, Any]], path: str, tail: int) -> None:
+    """Tokens/s against batch size per mode, and the rollout's makespan with its tail."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for r in results:
+        axes[0].plot([b["batch"] for b in r["batches"]], [b["tokens_per_s"] for b in r["batches"]],
+                     marker="o", label=r["mode"])
+    axes[0].set_xscale("log", base=2)
+    axes[0].set_xlabel("batch size")
+    axes[0].set_title("output tokens/s (greedy)")
+    axes[0].legend(fontsize=8)
+    names = [r["mode"] for r in results]
+    axes[1].bar(names, [r["rollout"]["makespan_s"] for r in results], label="makespan")
+    axes[1].bar(names, [r["rollout"]["tail_s"] for r in results], label=f"tail (<= {tail} running)")
+    axes[1].set_title("rollout makespan, s")
+    axes[1].legend(fontsize=8)
+    axes[1].tick_params(axis="x", rotation=20)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 if __name__ == "__main__":
