@@ -56,7 +56,7 @@ def main() -> None:
             outputs = llm.generate(job["prompts"], params, use_tqdm=False)
         results[job["name"]] = [[_sample(o) for o in out.outputs] for out in outputs]
     metrics = {m.name: m.value if getattr(m, "value", None) is not None else getattr(m, "values", None)
-               for m in llm.get_metrics() if m.name.startswith("vllm:spec_decode")}
+               for m in llm.get_metrics() if m.name.startswith(("vllm:spec_decode", "vllm:num_preemptions"))}
     proposer = llm.collective_rpc(proposer_stats)[0] if speculation else {}
     with open(sys.argv[2], "w", encoding="utf-8") as handle:
         json.dump({"results": results, "spec_metrics": metrics, "proposer": proposer}, handle)

@@ -67,6 +67,13 @@ SMOLLM2_JOBS: list[dict[str, Any]] = [
      "params": {"temperature": 1.0, "max_tokens": 3}},
 ]
 SMOLLM2_ENGINE = {"max_num_seqs": 256, "max_num_batched_tokens": 16384}
+# A KV cache of 24 blocks x 32 tokens for 12 requests that grow to ~210 tokens each: the
+# scheduler must preempt and resume requests (their drafter state is freed and rebuilt).
+PREEMPT_JOBS: list[dict[str, Any]] = [
+    {"name": "preempt", "prompts": [f"Story number {i}: once upon a time" for i in range(12)],
+     "params": {"temperature": 0, "max_tokens": 200, "ignore_eos": True}},
+]
+PREEMPT_ENGINE = {"max_model_len": 256, "num_gpu_blocks_override": 24, "block_size": 32}
 
 
 @pytest.fixture(scope="module")
@@ -74,6 +81,13 @@ def tiny_runs(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple
     base = tmp_path_factory.mktemp("tiny")
     return (run_engine_jobs(tiny_dir, None, TINY_JOBS, base / "off"),
             run_engine_jobs(tiny_dir, SAM, TINY_JOBS, base / "on"))
+
+
+@pytest.fixture(scope="module")
+def preempt_runs(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], dict[str, Any]]:
+    base = tmp_path_factory.mktemp("preempt")
+    return (run_engine_jobs(tiny_dir, None, PREEMPT_JOBS, base / "off", **PREEMPT_ENGINE),
+            run_engine_jobs(tiny_dir, SAM, PREEMPT_JOBS, base / "on", **PREEMPT_ENGINE))
 
 
 @pytest.fixture(scope="module")
@@ -105,6 +119,13 @@ def test_sam_actually_speculated_and_got_drafts_accepted(tiny_runs):
     metrics = on["spec_metrics"]
     assert metrics["vllm:spec_decode_num_draft_tokens"] > 1000
     assert metrics["vllm:spec_decode_num_accepted_tokens"] > 300
+
+
+def test_greedy_outputs_are_identical_when_requests_are_preempted_and_resumed(preempt_runs):
+    off, on = preempt_runs
+    assert on["spec_metrics"]["vllm:num_preemptions"] > 0
+    assert on["spec_metrics"]["vllm:spec_decode_num_accepted_tokens"] > 0
+    assert _tokens(on, "preempt") == _tokens(off, "preempt")
 
 
 def test_greedy_logprobs_are_the_target_models(tiny_runs):
