@@ -5,7 +5,7 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 
-#include <climits>
+#include <limits>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -24,8 +24,10 @@ using IdArray = nb::ndarray<const int64_t, nb::ndim<1>, nb::c_contig, nb::device
 using DraftOut = nb::ndarray<int32_t, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
 using LengthOut = nb::ndarray<int32_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 
-// Reads a Python sequence of integers into `out` (ints, numpy integers: anything with __index__).
-void read_ints(PyObject* seq, std::vector<int32_t>& out, const char* what) {
+// Reads a Python sequence of integers into `out` (ints, numpy integers: anything with
+// __index__), rejecting values that do not fit T.
+template <typename T>
+void read_ints(PyObject* seq, std::vector<T>& out, const char* what) {
   PyObject* fast = PySequence_Fast(seq, what);
   if (fast == nullptr) throw nb::python_error();
   const Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
@@ -36,12 +38,12 @@ void read_ints(PyObject* seq, std::vector<int32_t>& out, const char* what) {
       Py_DECREF(fast);
       throw nb::python_error();
     }
-    if (value < INT32_MIN || value > INT32_MAX) {
+    if (value < std::numeric_limits<T>::min() || value > std::numeric_limits<T>::max()) {
       Py_DECREF(fast);
       throw std::invalid_argument(std::string(what) + " holds token id " + std::to_string(value) +
                                   ", outside any vocabulary");
     }
-    out.push_back(static_cast<int32_t>(value));
+    out.push_back(static_cast<T>(value));
   }
   Py_DECREF(fast);
 }
@@ -51,21 +53,7 @@ nb::list step_lists(Drafter& d, nb::handle requests, nb::handle rows_tokens, int
   std::vector<int32_t> flat;
   std::vector<int64_t> handles;
   std::vector<int64_t> offsets{0};
-  {
-    PyObject* req = PySequence_Fast(requests.ptr(), "requests must be a sequence of handles");
-    if (req == nullptr) throw nb::python_error();
-    const Py_ssize_t n = PySequence_Fast_GET_SIZE(req);
-    handles.reserve(static_cast<std::size_t>(n));
-    for (Py_ssize_t i = 0; i < n; ++i) {
-      const long long h = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(req, i));
-      if (h == -1 && PyErr_Occurred()) {
-        Py_DECREF(req);
-        throw nb::python_error();
-      }
-      handles.push_back(h);
-    }
-    Py_DECREF(req);
-  }
+  read_ints(requests.ptr(), handles, "requests must be a sequence of handles");
   PyObject* rows = PySequence_Fast(rows_tokens.ptr(), "tokens must be a sequence of token sequences");
   if (rows == nullptr) throw nb::python_error();
   const Py_ssize_t count = PySequence_Fast_GET_SIZE(rows);
