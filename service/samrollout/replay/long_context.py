@@ -64,7 +64,7 @@ def measure(make: Callable[[], ReplayDrafter], groups: list[TraceGroup], lengths
             drafter.add(row, row, full[row][:length])
             responses[row] = full[row][length:]
             position[row], pending[row] = 1, responses[row][:1].tolist()
-        result = ReplayResult(drafter.name, k, accepted_by_position=[0] * k, drafted_by_position=[0] * k)
+        result = ReplayResult(drafter.name, k)
         elapsed = 0.0
         for step in range(warmup + steps):
             ids = list(range(rows))
@@ -76,7 +76,7 @@ def measure(make: Callable[[], ReplayDrafter], groups: list[TraceGroup], lengths
                 elapsed += time.perf_counter() - begin
                 result.row_steps += rows
             for r, draft in zip(ids, drafts, strict=True):
-                verify_step(result, r, np.asarray(draft, dtype=np.int64)[:k], responses, position, pending)
+                verify_step(result, r, draft, responses, position, pending)
         memory = getattr(drafter, "memory_bytes", None)
         indexed = sum(length + position[r] for r in range(rows))
         per_token = memory() / indexed if memory else None

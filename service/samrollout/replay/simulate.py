@@ -13,6 +13,7 @@ thresholded engine speculates, so its acceptance is reported on its own.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,6 +42,10 @@ class ReplayResult:
     tail_steps: int = 0         # verification steps that started at a tail position
     tail_tokens: int = 0
     tail_rows: int = 16
+
+    def __post_init__(self) -> None:
+        self.accepted_by_position = self.accepted_by_position or [0] * self.k
+        self.drafted_by_position = self.drafted_by_position or [0] * self.k
 
     @property
     def mean_acceptance_length(self) -> float:
@@ -93,8 +98,7 @@ class ReplayResult:
 
 def replay(drafter: ReplayDrafter, groups: list[TraceGroup], k: int, tail_rows: int = 16) -> ReplayResult:
     """Replay every response through ``drafter`` as one rollout and count what a greedy verifier accepts."""
-    result = ReplayResult(drafter.name, k, accepted_by_position=[0] * k, drafted_by_position=[0] * k,
-                          tail_rows=tail_rows)
+    result = ReplayResult(drafter.name, k, tail_rows=tail_rows)
     full: dict[int, np.ndarray] = {}
     prompt_length: dict[int, int] = {}
     responses: dict[int, np.ndarray] = {}
@@ -128,7 +132,7 @@ def replay(drafter: ReplayDrafter, groups: list[TraceGroup], k: int, tail_rows: 
         result.indexed_tokens += sum(len(t) for t in new)
         for seq_id, draft in zip(ids, drafts, strict=True):
             before, in_tail = result.tokens, position[seq_id] >= tail_start
-            verify_step(result, seq_id, np.asarray(draft, dtype=np.int64)[:k], responses, position, pending)
+            verify_step(result, seq_id, draft, responses, position, pending)
             if in_tail:
                 result.tail_steps += 1
                 result.tail_tokens += result.tokens - before
@@ -140,9 +144,10 @@ def replay(drafter: ReplayDrafter, groups: list[TraceGroup], k: int, tail_rows: 
     return result
 
 
-def verify_step(result: ReplayResult, seq_id: int, draft: np.ndarray, responses: dict[int, np.ndarray],
-            position: dict[int, int], pending: dict[int, list[int]]) -> None:
-    """Verify one row's draft against the recorded response and advance the row."""
+def verify_step(result: ReplayResult, seq_id: int, proposed: Sequence[int] | np.ndarray,
+                responses: dict[int, np.ndarray], position: dict[int, int], pending: dict[int, list[int]]) -> None:
+    """Verify one row's draft (cut to k) against the recorded response and advance the row."""
+    draft = np.asarray(proposed, dtype=np.int64)[: result.k]
     response, pos = responses[seq_id], position[seq_id]
     truth = response[pos: pos + len(draft)]
     matches = draft[: len(truth)] == truth
