@@ -43,3 +43,26 @@ def run_engine_jobs(model: Path, speculation: dict[str, Any] | None, jobs: list[
         raise RuntimeError(f"engine jobs failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
     result: dict[str, Any] = json.loads(out_file.read_text())
     return result
+
+
+# --- the HTTP server, started once per test session (tests/server_process.py) ---
+API_KEY = "test-key"
+
+
+@pytest.fixture(scope="session")
+def tiny_server(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    """`samrollout serve` on the tiny model, SAM on, an API key set; stopped with SIGTERM at the end."""
+    from server_process import start_server
+
+    log = tmp_path_factory.mktemp("tiny-server") / "server.log"
+    server = start_server(["--model", str(tiny_dir), "--served-model-name", "tiny", "--api-key", API_KEY,
+                           "--max-model-len", "512", "--max-n", "16", "--dtype", "float32",
+                           "--threshold-mode", "static", "--", "--enforce-eager"], log)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def tiny_weights_v2(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Other random weights of the tiny model's architecture: a 'new policy' for weight updates."""
+    return build_tiny_model(tmp_path_factory.mktemp("weights") / "tiny-v2", smollm2_dir, seed=1)

@@ -1,4 +1,4 @@
-"""Command line: ``samrollout <command>`` (``replay``, ``model``; the server joins them later)."""
+"""Command line: ``samrollout <command>`` (``serve``, ``model``, ``replay``)."""
 
 from __future__ import annotations
 
@@ -8,14 +8,16 @@ from collections.abc import Sequence
 
 from samrollout.model_command import add_model_parser
 from samrollout.replay.command import add_replay_parser
+from samrollout.server.command import add_serve_parser
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The top-level parser with one sub-parser per command."""
     parser = argparse.ArgumentParser(prog="samrollout", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
-    add_replay_parser(commands)
+    add_serve_parser(commands)
     add_model_parser(commands)
+    add_replay_parser(commands)
     return parser
 
 

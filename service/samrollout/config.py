@@ -30,7 +30,7 @@ class SpeculationConfig:
     - ``threshold_mode``: "off" drafts at every batch size; "static" drafts only while at
       most ``threshold`` requests run (the published design: 8); "adaptive" starts from the
       static rule and then decides from measured step times and acceptance (see
-      `samrollout.vllm.adaptive`).
+      `samrollout.spec_decode.gate`).
     - ``group_drafting``: siblings (the n children of a request, or requests with the same
       ``extra_args["samrollout_group"]``) draft from a shared group automaton.
     - ``sampled_requests``: whether requests with temperature > 0 get drafts. "auto" drafts

@@ -185,6 +185,14 @@ class SamProposer:
             self._remove(request_id)
         self.gate.forget(departed)
 
+    def reset(self) -> None:
+        """Drop every automaton and what the gate learned (the policy's weights changed)."""
+        for request_id in list(self._indexed):
+            self._remove(request_id)
+        self.drafter = SamDrafter(self.drafter.vocab_size, self.config.policy)
+        self.gate = make_gate(self.config)
+        self._last_call = None
+
     @property
     def active_requests(self) -> int:
         """Requests whose automata are held now."""

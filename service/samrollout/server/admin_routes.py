@@ -1,0 +1,124 @@
+"""RL admin routes under /admin (API key required when one is configured).
+
+- ``POST /admin/update_weights`` {path, version, in_flight: "wait"|"abort"}: new policy weights.
+- ``POST /admin/pause`` {mode: "keep"|"wait"|"abort"} and ``POST /admin/resume``: hold generation.
+- ``POST /admin/sleep`` {level} and ``POST /admin/wake``: free and restore accelerator memory.
+- ``POST /admin/abort_rollout`` {rollout_id}: abort every in-flight request of one rollout.
+- ``POST /admin/reset_prefix_cache``; ``GET /admin/status``: version, paused, sleeping, in flight, drafter.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from fastapi import APIRouter, Depends, Request
+from pydantic import BaseModel, ConfigDict, Field
+
+from samrollout.server.auth import require_api_key
+from samrollout.server.errors import ApiError
+from samrollout.server.rl_fields import ID_PATTERN
+from samrollout.server.runtime import ServerRuntime
+
+router = APIRouter(prefix="/admin", dependencies=[Depends(require_api_key)])
+_ERRORS: dict[int | str, dict[str, Any]] = {400: {"description": "bad request"}, 401: {"description": "no key"},
+                                            409: {"description": "not possible in this state or configuration"}}
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class UpdateWeights(_Body):
+    """Where the new weights are, their version tag, and what happens to requests in flight."""
+
+    path: str = Field(min_length=1, description="directory with the new *.safetensors (same architecture)")
+    version: str = Field(min_length=1, max_length=128, description="weight version reported with responses")
+    in_flight: Literal["wait", "abort"] = Field("wait", description="finish in-flight requests first, or abort")
+
+
+class Pause(_Body):
+    """How pausing treats requests in flight: keep them frozen, wait for them, or abort them."""
+
+    mode: Literal["keep", "wait", "abort"] = "keep"
+
+
+class Sleep(_Body):
+    """vLLM sleep level: 1 offloads weights and drops the KV cache, 2 drops both."""
+
+    level: Literal[1, 2] = 1
+
+
+class AbortRollout(_Body):
+    """The rollout whose in-flight requests to abort."""
+
+    rollout_id: str = Field(pattern=ID_PATTERN)
+
+
+def _runtime(request: Request) -> ServerRuntime:
+    runtime: ServerRuntime = request.app.state.runtime
+    return runtime
+
+
+@router.post("/update_weights", responses=_ERRORS)
+async def update_weights(body: UpdateWeights, request: Request) -> dict[str, Any]:
+    """Load new policy weights atomically between steps; drafter state and prefix cache are dropped."""
+    return await _runtime(request).update_weights(body.path, body.version, body.in_flight)
+
+
+@router.post("/pause", responses=_ERRORS)
+async def pause(request: Request, body: Pause | None = None) -> dict[str, Any]:
+    """Stop scheduling generation until /admin/resume."""
+    mode = (body or Pause()).mode
+    await _runtime(request).engine.pause_generation(mode=mode, clear_cache=False)
+    return {"paused": True, "mode": mode}
+
+
+@router.post("/resume", responses=_ERRORS)
+async def resume(request: Request) -> dict[str, Any]:
+    """Resume generation after /admin/pause."""
+    await _runtime(request).engine.resume_generation()
+    return {"paused": False}
+
+
+@router.post("/sleep", responses=_ERRORS)
+async def sleep(request: Request, body: Sleep | None = None) -> dict[str, Any]:
+    """Free accelerator memory (vLLM sleep mode; start the server with --vllm sleep mode on an accelerator)."""
+    runtime = _runtime(request)
+    if not runtime.state.vllm_config.model_config.enable_sleep_mode:
+        raise ApiError(409, "sleep mode is off: start the server with `-- --enable-sleep-mode` (CUDA or NPU only)")
+    level = (body or Sleep()).level
+    await runtime.engine.sleep(level)
+    return {"sleeping": True, "level": level}
+
+
+@router.post("/wake", responses=_ERRORS)
+async def wake(request: Request) -> dict[str, Any]:
+    """Restore what /admin/sleep freed."""
+    runtime = _runtime(request)
+    if not runtime.state.vllm_config.model_config.enable_sleep_mode:
+        raise ApiError(409, "sleep mode is off: start the server with `-- --enable-sleep-mode` (CUDA or NPU only)")
+    await runtime.engine.wake_up()
+    return {"sleeping": False}
+
+
+@router.post("/abort_rollout", responses=_ERRORS)
+async def abort_rollout(body: AbortRollout, request: Request) -> dict[str, Any]:
+    """Abort every in-flight request tagged with this rollout id (others keep running)."""
+    aborted = await _runtime(request).abort_rollout(body.rollout_id)
+    return {"rollout_id": body.rollout_id, "aborted_requests": aborted}
+
+
+@router.post("/reset_prefix_cache", responses=_ERRORS)
+async def reset_prefix_cache(request: Request) -> dict[str, Any]:
+    """Drop the engine's prefix cache."""
+    done = await _runtime(request).engine.reset_prefix_cache()
+    return {"reset": bool(done)}
+
+
+@router.get("/status", responses=_ERRORS)
+async def status(request: Request) -> dict[str, Any]:
+    """Weight version, paused/sleeping, HTTP requests in flight, and the drafter's counters."""
+    runtime = _runtime(request)
+    return {"model": runtime.model_name, "weight_version": runtime.weight_version,
+            "paused": await runtime.engine.is_paused(), "sleeping": await runtime.engine.is_sleeping(),
+            "in_flight_requests": len(runtime.inflight), "drafter": await runtime.drafter_stats()}

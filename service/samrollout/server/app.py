@@ -1,0 +1,79 @@
+"""The FastAPI application: lifespan (engine start and stop), routes, errors, health and metrics."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
+
+from samrollout.server import admin_routes, openai_routes
+from samrollout.server.errors import error_response, install_error_handlers
+from samrollout.server.runtime import ServerRuntime, start_runtime
+from samrollout.server.settings import ServerSettings
+
+logger = logging.getLogger("samrollout.server")
+
+
+def build_app(settings: ServerSettings) -> FastAPI:
+    """The server for ``settings``; the engine starts when the app's lifespan starts (uvicorn)."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        runtime = await start_runtime(settings, app.state)
+        app.state.runtime = runtime
+        logger.info("serving %s (weights %s) with speculation %s", runtime.model_name, runtime.weight_version,
+                    "on" if settings.speculation else "off")
+        try:
+            yield
+        finally:
+            await _stop(runtime)
+
+    app = FastAPI(title="samrollout", version=_version(), lifespan=lifespan,
+                  description="OpenAI-compatible rollout server with SAM speculative decoding and RL controls.")
+    app.state.settings = settings
+    install_error_handlers(app)
+    app.include_router(openai_routes.router)
+    app.include_router(admin_routes.router)
+
+    @app.get("/health")
+    async def health(request: Request) -> Response:
+        """200 while the engine is alive, 503 otherwise."""
+        runtime: ServerRuntime | None = getattr(request.app.state, "runtime", None)
+        if runtime is None:
+            return error_response(503, "the engine is starting")
+        try:
+            await runtime.engine.check_health()
+        except Exception as exc:  # the engine died: say so, keep answering
+            return error_response(503, f"engine unhealthy: {exc}")
+        return JSONResponse({"status": "ok", "weight_version": runtime.weight_version})
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        """Prometheus metrics (vLLM's and ours) in the text exposition format."""
+        return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
+
+    return app
+
+
+async def _stop(runtime: ServerRuntime) -> None:
+    """Abort whatever is still running, then stop the engine and its worker processes."""
+    try:
+        ids = [i for request in list(runtime.inflight._requests.values()) for i in request.engine_ids()]
+        if ids:
+            logger.info("shutting down: aborting %d engine requests still in flight", len(ids))
+            await runtime.engine.abort(ids)
+    finally:
+        runtime.engine.shutdown()
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("samrollout")
+    except PackageNotFoundError:
+        return "0+unknown"

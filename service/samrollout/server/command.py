@@ -1,0 +1,45 @@
+"""``samrollout serve``: start the rollout server (built-in model, SAM and the adaptive threshold by default)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+from typing import Any
+
+from pydantic import ValidationError
+
+from samrollout.server.settings import add_settings_flags, settings_from_args
+
+
+def add_serve_parser(commands: Any) -> None:
+    """Register ``serve`` on the top-level parser's sub-commands."""
+    parser = commands.add_parser("serve", help="start the OpenAI-compatible rollout server",
+                                 description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add_settings_flags(parser)
+    parser.set_defaults(run=run_serve)
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    """Validate the settings, then run uvicorn until SIGINT/SIGTERM (graceful: in-flight requests drain)."""
+    try:
+        settings = settings_from_args(args)
+        settings.speculation_config()
+    except (ValidationError, ValueError) as exc:
+        print(f"samrollout serve: invalid settings:\n{exc}", file=sys.stderr)
+        return 2
+    import uvicorn
+
+    from samrollout.server.app import build_app
+
+    logging.basicConfig(level=settings.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    app = build_app(settings)
+    print(f"samrollout: starting on http://{settings.host}:{settings.port} (engine start takes a while)",
+          file=sys.stderr, flush=True)
+    # uvicorn drains in-flight requests on SIGTERM, then re-raises the signal to the handler
+    # installed before it: a no-op one makes a drained shutdown exit with status 0.
+    signal.signal(signal.SIGTERM, lambda *_: None)
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level,
+                timeout_graceful_shutdown=int(settings.shutdown_timeout))
+    return 0

@@ -1,0 +1,52 @@
+"""Which engine requests are in flight, by rollout id: what `/admin/abort_rollout` aborts.
+
+vLLM's serving layer names engine requests after the HTTP request's id: a completion of
+P prompts becomes ``cmpl-{id}-0 .. cmpl-{id}-{P-1}`` and a chat completion
+``chatcmpl-{id}``.  We record the id, the kind and the prompt count while the HTTP request
+runs, so a rollout's requests can be aborted without touching anyone else's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class InflightRequest:
+    """One HTTP generation request as the engine knows it."""
+
+    base_id: str
+    kind: str  # "completion" or "chat"
+    prompts: int
+    rollout_id: str | None
+
+    def engine_ids(self) -> list[str]:
+        """The external request ids vLLM's serving layer gives this request's engine requests."""
+        if self.kind == "chat":
+            return [f"chatcmpl-{self.base_id}"]
+        return [f"cmpl-{self.base_id}-{i}" for i in range(self.prompts)]
+
+
+class InflightRegistry:
+    """In-flight generation requests, indexed by rollout id (single event loop: no locking needed)."""
+
+    def __init__(self) -> None:
+        self._requests: dict[str, InflightRequest] = {}
+
+    @contextmanager
+    def track(self, request: InflightRequest) -> Iterator[InflightRequest]:
+        """Record ``request`` for as long as the block runs."""
+        self._requests[request.base_id] = request
+        try:
+            yield request
+        finally:
+            self._requests.pop(request.base_id, None)
+
+    def of_rollout(self, rollout_id: str) -> list[InflightRequest]:
+        """The in-flight requests tagged with ``rollout_id``."""
+        return [r for r in self._requests.values() if r.rollout_id == rollout_id]
+
+    def __len__(self) -> int:
+        return len(self._requests)

@@ -1,0 +1,84 @@
+"""RL extensions of the OpenAI request and response bodies.
+
+Requests (extra body fields, next to OpenAI's): ``rollout_id`` tags a request as part of
+one rollout (metrics follow it; ``/admin/abort_rollout`` aborts it); ``group_id`` makes
+requests siblings that draft from one shared automaton (the ``n`` children of one request
+already are).  ``return_token_ids`` defaults to true here, so each choice carries
+``token_ids`` and ``prompt_token_ids`` (unless ``echo`` is set: then the prompt comes back as text).
+
+Responses: ``weight_version`` (the weights that produced it), and ``rollout_id`` /
+``group_id`` echoed back.  vLLM's own fields are untouched.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+from pydantic import Field
+
+from samrollout.config import GROUP_FIELD
+from samrollout.server.vllm_serving import ChatCompletionRequest, CompletionRequest
+
+ROLLOUT_FIELD = "samrollout_rollout"
+ID_PATTERN = r"^[A-Za-z0-9._:/@+=-]{1,128}$"
+
+
+class RolloutCompletionRequest(CompletionRequest):
+    """OpenAI completion request plus the RL fields; token ids returned by default."""
+
+    rollout_id: str | None = Field(None, pattern=ID_PATTERN, description="rollout this request belongs to")
+    group_id: str | None = Field(None, pattern=ID_PATTERN, description="requests with one group id are siblings")
+    return_token_ids: bool | None = Field(True, description="return prompt and generated token ids in each choice")
+
+
+class RolloutChatCompletionRequest(ChatCompletionRequest):
+    """OpenAI chat completion request plus the RL fields; token ids returned by default."""
+
+    rollout_id: str | None = Field(None, pattern=ID_PATTERN, description="rollout this request belongs to")
+    group_id: str | None = Field(None, pattern=ID_PATTERN, description="requests with one group id are siblings")
+    return_token_ids: bool | None = Field(True, description="return prompt and generated token ids in each choice")
+
+
+def attach_engine_args(request: RolloutCompletionRequest | RolloutChatCompletionRequest) -> None:
+    """Carry the group and rollout ids to the engine in ``SamplingParams.extra_args`` (vLLM's vllm_xargs).
+
+    ``echo`` without an explicit ``return_token_ids`` turns the token ids off: vLLM leaves
+    the echoed prompt text empty when it returns token ids, and OpenAI clients expect it.
+    """
+    if request.echo and "return_token_ids" not in request.model_fields_set:
+        request.return_token_ids = False
+    extra: dict[str, Any] = dict(request.vllm_xargs or {})
+    if request.group_id is not None:
+        extra[GROUP_FIELD] = request.group_id
+    if request.rollout_id is not None:
+        extra[ROLLOUT_FIELD] = request.rollout_id
+    request.vllm_xargs = extra or None
+
+
+def rl_response_fields(request: RolloutCompletionRequest | RolloutChatCompletionRequest) -> dict[str, Any]:
+    """The request's RL ids, echoed in every response body and streamed chunk."""
+    return {"rollout_id": request.rollout_id, "group_id": request.group_id}
+
+
+async def annotate_stream(chunks: AsyncIterator[str], fields: dict[str, Any]) -> AsyncIterator[str]:
+    """Add ``fields`` to each ``data: {...}`` event of vLLM's SSE stream; other lines pass through."""
+    async for chunk in chunks:
+        yield _annotate_events(chunk, fields)
+
+
+def _annotate_events(chunk: str, fields: dict[str, Any]) -> str:
+    out = []
+    for event in chunk.split("\n\n"):
+        if event.startswith("data: {"):
+            try:
+                payload = json.loads(event[len("data: "):])
+            except json.JSONDecodeError:
+                out.append(event)
+                continue
+            if isinstance(payload, dict) and "error" not in payload:
+                payload.update(fields)
+            event = "data: " + json.dumps(payload, separators=(",", ":"))
+        out.append(event)
+    return "\n\n".join(out)

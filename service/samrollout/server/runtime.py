@@ -1,0 +1,136 @@
+"""The running server's engine and RL state: one AsyncLLM, vLLM's serving objects, the weight version.
+
+`start_runtime` turns `ServerSettings` into vLLM's own server arguments (parsed by vLLM's
+parser, so every vLLM default applies), builds the AsyncLLM with SAM, and lets vLLM
+initialise its OpenAI serving objects (`init_app_state`) on the app state; our routes
+call those objects.  The RL operations (weight update, pause, abort by rollout) live here
+so that routes stay thin.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from starlette.datastructures import State
+
+from samrollout.server.errors import ApiError
+from samrollout.server.inflight import InflightRegistry
+from samrollout.server.settings import ServerSettings
+
+logger = logging.getLogger("samrollout.server")
+InFlightChoice = Literal["wait", "abort"]
+
+
+def resolve_model(settings: ServerSettings) -> str:
+    """The model path to load: the configured one, or the built-in SmolLM2 (converted on first run)."""
+    if settings.model is not None:
+        return settings.model
+    from samrollout.models import ensure_smollm2
+
+    print("samrollout: using the built-in model SmolLM2-135M-Instruct (converted once, then cached)",
+          file=sys.stderr, flush=True)
+    return str(ensure_smollm2())
+
+
+def vllm_namespace(settings: ServerSettings, model_path: str) -> argparse.Namespace:
+    """vLLM's server arguments for our settings, parsed and validated by vLLM itself."""
+    from vllm.platforms import current_platform
+
+    from samrollout.server.vllm_serving import FlexibleArgumentParser, make_arg_parser, validate_parsed_serve_args
+
+    parser = make_arg_parser(FlexibleArgumentParser(prog="samrollout serve (vLLM engine flags)"))  # type: ignore[no-untyped-call]
+    args: argparse.Namespace = parser.parse_args(settings.vllm_argv(model_path, on_cpu=current_platform.is_cpu()))
+    validate_parsed_serve_args(args)
+    return args
+
+
+@dataclass
+class ServerRuntime:
+    """Everything a route needs: the engine, vLLM's serving objects, and the RL state."""
+
+    settings: ServerSettings
+    engine: Any                      # vllm.v1.engine.async_llm.AsyncLLM
+    state: State                     # the app state vLLM's init_app_state filled
+    model_name: str
+    vocab_size: int
+    max_model_len: int
+    weight_version: str
+    inflight: InflightRegistry = field(default_factory=InflightRegistry)
+    update_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    async def abort_rollout(self, rollout_id: str) -> int:
+        """Abort every in-flight request tagged ``rollout_id``; returns how many HTTP requests it hit."""
+        requests = self.inflight.of_rollout(rollout_id)
+        ids = [engine_id for request in requests for engine_id in request.engine_ids()]
+        if ids:
+            await self.engine.abort(ids)
+        return len(requests)
+
+    async def update_weights(self, path: str, version: str, in_flight: InFlightChoice) -> dict[str, Any]:
+        """Load new policy weights from ``path`` between steps and serve them as ``version``.
+
+        Generation is paused first: in-flight requests either finish on the old weights
+        ("wait") or are aborted ("abort"); requests arriving meanwhile queue and run on the
+        new weights.  The prefix cache and the drafters' automata are dropped, since both
+        were built by the old policy.
+        """
+        folder = Path(path)
+        if not folder.is_dir() or not any(folder.glob("*.safetensors")):
+            raise ApiError(400, f"{path!r} is not a directory holding *.safetensors weights", "path")
+        async with self.update_lock:
+            old = self.weight_version
+            await self.engine.pause_generation(mode=in_flight, clear_cache=True)
+            try:
+                await self.engine.collective_rpc("reload_weights", kwargs={"weights_path": str(folder)})
+                await self.engine.reset_prefix_cache()
+                await self.engine.collective_rpc("samrollout_reset_drafter")
+                self.weight_version = version
+                await self.engine.update_weight_version(version)
+            finally:
+                await self.engine.resume_generation()
+        logger.info("weights %s -> %s loaded from %s (in-flight: %s)", old, version, path, in_flight)
+        return {"weight_version": version, "previous_version": old, "in_flight": in_flight}
+
+    async def drafter_stats(self) -> dict[str, float]:
+        """The proposer's counters, summed over workers (empty with speculation off)."""
+        total: dict[str, float] = {}
+        for stats in await self.engine.collective_rpc("samrollout_drafter_stats"):
+            for key, value in (stats or {}).items():
+                total[key] = total.get(key, 0) + value
+        return total
+
+
+async def start_runtime(settings: ServerSettings, state: State) -> ServerRuntime:
+    """Build the engine and vLLM's serving objects for ``settings`` (tens of seconds on CPU)."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.usage.usage_lib import UsageContext
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    from samrollout.server.vllm_serving import init_app_state
+
+    model_path = resolve_model(settings)
+    args = vllm_namespace(settings, model_path)
+    engine_args = AsyncEngineArgs.from_cli_args(args)
+    vllm_config = engine_args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
+    engine = AsyncLLM.from_vllm_config(vllm_config=vllm_config, usage_context=UsageContext.OPENAI_API_SERVER,
+                                       enable_log_requests=engine_args.enable_log_requests,
+                                       disable_log_stats=engine_args.disable_log_stats)
+    try:
+        supported = await engine.get_supported_tasks()
+        await init_app_state(engine, state, args, supported)
+        await engine.update_weight_version(settings.weight_version)
+    except BaseException:
+        engine.shutdown()
+        raise
+    model_config = vllm_config.model_config
+    return ServerRuntime(settings=settings, engine=engine, state=state,
+                         model_name=settings.public_model_name(model_path),
+                         vocab_size=int(model_config.get_vocab_size()),
+                         max_model_len=int(model_config.max_model_len),
+                         weight_version=settings.weight_version)

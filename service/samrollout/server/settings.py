@@ -1,0 +1,134 @@
+"""One typed settings object for the server: CLI flags, ``SAMROLLOUT_*`` environment variables, defaults.
+
+Precedence is flag > environment variable > default.  Every value is checked when the
+object is made (pydantic), so a bad setting stops `samrollout serve` at start-up with a
+message naming it, before any model is loaded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any, Literal
+
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from samrollout.config import ADDITIONAL_CONFIG_KEY, SpeculationConfig, ThresholdMode
+from samrollout.engine import PROPOSER_CLASS
+from samrollout.spec_decode.worker_extension import WORKER_EXTENSION_CLASS
+
+BUILTIN_MODEL_NAME = "smollm2-135m-instruct"
+LogLevel = Literal["debug", "info", "warning", "error"]
+
+
+class ServerSettings(BaseSettings):
+    """What `samrollout serve` runs: the model, where it listens, speculation, engine limits."""
+
+    model_config = SettingsConfigDict(env_prefix="SAMROLLOUT_", extra="forbid")
+
+    model: str | None = Field(None, description="HF model directory or id; unset: the built-in SmolLM2-135M-Instruct")
+    served_model_name: str | None = Field(None, description="name clients pass as `model` (default: the model path)")
+    host: str = Field("127.0.0.1", description="address to listen on")
+    port: int = Field(8000, ge=0, le=65535, description="port to listen on (0: any free port)")
+    api_key: SecretStr | None = Field(None, description="when set, /v1 and /admin require `Authorization: Bearer`")
+    speculation: bool = Field(True, description="SAM speculative decoding on or off")
+    k: int = Field(3, ge=1, le=16, description="draft tokens per step")
+    threshold_mode: ThresholdMode = Field("adaptive", description="off | static | adaptive")
+    threshold: int = Field(8, ge=1, description="running requests at or below which drafting runs")
+    group_drafting: bool = Field(True, description="siblings of one group draft from a shared automaton")
+    max_model_len: int | None = Field(None, ge=16, description="context length (default: the model's)")
+    gpu_memory_utilization: float | None = Field(
+        None, gt=0.0, le=1.0, description="accelerator memory fraction (default 0.9; 0.3 on CPU)")
+    tensor_parallel_size: int = Field(1, ge=1, description="passed to vLLM")
+    max_num_seqs: int | None = Field(None, ge=1, description="requests the engine runs at once (vLLM's default)")
+    max_n: int = Field(64, ge=1, le=1024, description="largest `n` a request may ask for")
+    dtype: str = Field("auto", description="model dtype passed to vLLM")
+    seed: int = Field(0, description="engine seed")
+    weight_version: str = Field("initial", min_length=1, description="version tag of the weights loaded at start")
+    shutdown_timeout: float = Field(30.0, ge=0.0, description="seconds SIGTERM waits for in-flight requests")
+    log_level: LogLevel = Field("info", description="server log level")
+    vllm_args: list[str] = Field(default_factory=list, description="extra vLLM engine flags, passed through")
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _lower_log_level(cls, value: Any) -> Any:
+        return value.lower() if isinstance(value, str) else value
+
+    def speculation_config(self) -> SpeculationConfig | None:
+        """The shared speculation config (None when speculation is off); raises ValueError if invalid."""
+        if not self.speculation:
+            return None
+        return SpeculationConfig(k=self.k, threshold_mode=self.threshold_mode, threshold=self.threshold,
+                                 group_drafting=self.group_drafting)
+
+    def vllm_argv(self, model_path: str, on_cpu: bool) -> list[str]:
+        """vLLM server flags for this configuration (parsed by vLLM's own argument parser)."""
+        memory = self.gpu_memory_utilization or (0.3 if on_cpu else 0.9)
+        argv = ["--model", model_path, "--served-model-name", self.public_model_name(model_path),
+                "--seed", str(self.seed), "--dtype", self.dtype,
+                "--tensor-parallel-size", str(self.tensor_parallel_size),
+                "--gpu-memory-utilization", str(memory),
+                "--worker-extension-cls", WORKER_EXTENSION_CLASS]
+        if self.max_model_len is not None:
+            argv += ["--max-model-len", str(self.max_model_len)]
+        if self.max_num_seqs is not None:
+            argv += ["--max-num-seqs", str(self.max_num_seqs)]
+        speculation = self.speculation_config()
+        if speculation is not None:
+            argv += ["--speculative-config", json.dumps({"method": "custom_class", "model": PROPOSER_CLASS,
+                                                         "num_speculative_tokens": speculation.k}),
+                     "--additional-config", json.dumps({ADDITIONAL_CONFIG_KEY: speculation.to_json()})]
+        return argv + list(self.vllm_args)
+
+    def public_model_name(self, model_path: str) -> str:
+        """The model name clients send and `/v1/models` lists."""
+        if self.served_model_name:
+            return self.served_model_name
+        return BUILTIN_MODEL_NAME if self.model is None else self.model
+
+
+_FLAGS: dict[str, dict[str, Any]] = {
+    "model": {"metavar": "PATH"},
+    "served_model_name": {"metavar": "NAME"},
+    "host": {},
+    "port": {"type": int},
+    "api_key": {"metavar": "KEY"},
+    "speculation": {"action": argparse.BooleanOptionalAction},
+    "k": {"type": int},
+    "threshold_mode": {"choices": ["off", "static", "adaptive"]},
+    "threshold": {"type": int},
+    "group_drafting": {"action": argparse.BooleanOptionalAction},
+    "max_model_len": {"type": int},
+    "gpu_memory_utilization": {"type": float},
+    "tensor_parallel_size": {"type": int},
+    "max_num_seqs": {"type": int},
+    "max_n": {"type": int},
+    "dtype": {},
+    "seed": {"type": int},
+    "weight_version": {},
+    "shutdown_timeout": {"type": float},
+    "log_level": {"choices": ["debug", "info", "warning", "error"]},
+}
+
+
+def add_settings_flags(parser: argparse.ArgumentParser) -> None:
+    """One flag per setting (``--max-model-len`` for ``max_model_len``); unset flags keep env/defaults."""
+    for name, options in _FLAGS.items():
+        field = ServerSettings.model_fields[name]
+        env = f"SAMROLLOUT_{name.upper()}"
+        default = "built-in model" if name == "model" else field.default
+        help_text = f"{field.description} [env {env}; default {default}]"
+        parser.add_argument(f"--{name.replace('_', '-')}", dest=name, default=argparse.SUPPRESS,
+                            help=help_text, **options)
+    parser.add_argument("vllm_args", nargs=argparse.REMAINDER, default=[],
+                        help="after `--`: extra vLLM engine flags, e.g. -- --max-num-batched-tokens 4096")
+
+
+def settings_from_args(args: argparse.Namespace) -> ServerSettings:
+    """Settings from parsed flags over the environment."""
+    given = {name: getattr(args, name) for name in _FLAGS if hasattr(args, name)}
+    extra = [a for a in getattr(args, "vllm_args", []) if a != "--"]
+    if extra:
+        given["vllm_args"] = extra
+    return ServerSettings(**given)

@@ -1,0 +1,37 @@
+"""Methods vLLM adds to its workers (``worker_extension_cls``) so the server can reach the proposer.
+
+The server calls them by name through ``engine.collective_rpc("samrollout_...")``: no
+pickled callables cross the engine's IPC, and they work the same on CPU, CUDA and NPU
+workers.  With speculation off they answer as if there were no drafter.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+WORKER_EXTENSION_CLASS = "samrollout.spec_decode.worker_extension.SamWorkerExtension"
+
+
+class SamWorkerExtension:
+    """Mixed into vLLM's worker class; ``self.model_runner`` is the worker's runner."""
+
+    model_runner: Any
+
+    def _samrollout_proposer(self) -> Any | None:
+        from samrollout.spec_decode.proposer import SamProposer
+
+        drafter = getattr(getattr(self, "model_runner", None), "drafter", None)
+        return drafter if isinstance(drafter, SamProposer) else None
+
+    def samrollout_drafter_stats(self) -> dict[str, float]:
+        """The proposer's counters (`SamProposer.stats`), or an empty dict when SAM is off."""
+        proposer = self._samrollout_proposer()
+        return proposer.stats() if proposer is not None else {}
+
+    def samrollout_reset_drafter(self) -> bool:
+        """Forget every automaton and the gate's measurements; False when SAM is off."""
+        proposer = self._samrollout_proposer()
+        if proposer is None:
+            return False
+        proposer.reset()
+        return True

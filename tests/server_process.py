@@ -1,0 +1,69 @@
+"""Start `samrollout serve` as a real subprocess on a free port, wait until it answers, stop it with SIGTERM."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+START_TIMEOUT_S = 600.0
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@dataclass
+class ServerProcess:
+    """A running server: its URL, process and log file."""
+
+    url: str
+    process: subprocess.Popen[bytes]
+    log: Path
+
+    def log_tail(self, chars: int = 6000) -> str:
+        return self.log.read_text(errors="replace")[-chars:]
+
+    def stop(self, timeout: float = 120.0) -> int:
+        """SIGTERM, wait for a clean exit; returns the exit code."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        return int(self.process.returncode)
+
+
+def start_server(args: list[str], log: Path, env: dict[str, str] | None = None) -> ServerProcess:
+    """Run ``samrollout serve ARGS --port <free>`` and return once /health answers 200."""
+    port = free_port()
+    log.parent.mkdir(parents=True, exist_ok=True)
+    handle = log.open("wb")
+    process = subprocess.Popen([sys.executable, "-m", "samrollout.cli", "serve", "--port", str(port), *args],
+                               stdout=handle, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+    server = ServerProcess(f"http://127.0.0.1:{port}", process, log)
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"server exited with {process.returncode}:\n{server.log_tail()}")
+        try:
+            if httpx.get(f"{server.url}/health", timeout=2.0).status_code == 200:
+                return server
+        except httpx.HTTPError:
+            pass
+        time.sleep(1.0)
+    server.stop()
+    raise RuntimeError(f"server did not answer within {START_TIMEOUT_S} s:\n{server.log_tail()}")

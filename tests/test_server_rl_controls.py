@@ -1,0 +1,176 @@
+"""RL controls of the server under real traffic: aborts, disconnects, bursts, pause, weight updates."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from conftest import API_KEY
+from server_process import ServerProcess
+
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
+
+
+def admin(server: ServerProcess, route: str, body: dict[str, Any] | None = None) -> httpx.Response:
+    return httpx.post(f"{server.url}/admin/{route}", json=body, headers=AUTH, timeout=300)
+
+
+def status(server: ServerProcess) -> dict[str, Any]:
+    reply = httpx.get(f"{server.url}/admin/status", headers=AUTH, timeout=60)
+    assert reply.status_code == 200
+    result: dict[str, Any] = reply.json()
+    return result
+
+
+def running_in_engine(server: ServerProcess) -> float:
+    """vLLM's own gauge of running requests, read from /metrics."""
+    for line in httpx.get(f"{server.url}/metrics", timeout=30).text.splitlines():
+        if line.startswith("vllm:num_requests_running"):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError("vllm:num_requests_running not exported")
+
+
+def wait_until_idle(server: ServerProcess, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if running_in_engine(server) == 0 and status(server)["in_flight_requests"] == 0:
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"engine still busy after {timeout} s")
+
+
+def completion(prompt: str, max_tokens: int, **extra: Any) -> dict[str, Any]:
+    return {"model": "tiny", "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True, **extra}
+
+
+async def _post_all(server: ServerProcess, bodies: list[dict[str, Any]], limit: int = 1000) -> list[httpx.Response]:
+    limits = httpx.Limits(max_connections=limit, max_keepalive_connections=limit)
+    async with httpx.AsyncClient(base_url=server.url, headers=AUTH, timeout=600, limits=limits) as client:
+        return list(await asyncio.gather(*(client.post("/v1/completions", json=b) for b in bodies)))
+
+
+def test_abort_rollout_stops_that_rollout_and_no_other(tiny_server: ServerProcess) -> None:
+    async def scenario() -> tuple[list[httpx.Response], httpx.Response]:
+        victims = [completion(f"victim {i}", 480, rollout_id="doomed", temperature=1.0, seed=i) for i in range(4)]
+        bystander = completion("bystander", 40, rollout_id="kept", temperature=0)
+        async with httpx.AsyncClient(base_url=tiny_server.url, headers=AUTH, timeout=300) as client:
+            tasks = [asyncio.create_task(client.post("/v1/completions", json=b)) for b in [*victims, bystander]]
+            await asyncio.sleep(1.5)
+            abort = await client.post("/admin/abort_rollout", json={"rollout_id": "doomed"})
+            return list(await asyncio.gather(*tasks)), abort
+
+    replies, abort = asyncio.run(scenario())
+    assert abort.status_code == 200 and abort.json()["aborted_requests"] == 4
+    *victims, bystander = [r.json()["choices"][0] for r in replies]
+    assert all(v["finish_reason"] == "abort" and len(v["token_ids"]) < 480 for v in victims)
+    assert bystander["finish_reason"] == "length" and len(bystander["token_ids"]) == 40
+    wait_until_idle(tiny_server)
+
+
+def test_client_disconnect_mid_stream_aborts_its_engine_request(tiny_server: ServerProcess) -> None:
+    body = completion("disconnect", 480, stream=True, temperature=0)
+    with httpx.stream("POST", f"{tiny_server.url}/v1/completions", json=body, headers=AUTH, timeout=60) as reply:
+        for line in reply.iter_lines():
+            if line.startswith("data: "):
+                break  # one chunk, then hang up
+    wait_until_idle(tiny_server, timeout=30)
+
+
+def test_burst_of_300_concurrent_requests_completes_with_none_lost(tiny_server: ServerProcess) -> None:
+    bodies = [completion(f"burst {i}", 8 + i % 9, temperature=0.7, seed=i, group_id=f"g{i % 30}")
+              for i in range(300)]
+    replies = asyncio.run(_post_all(tiny_server, bodies))
+    assert [r.status_code for r in replies] == [200] * 300
+    for body, reply in zip(bodies, replies, strict=True):
+        assert len(reply.json()["choices"][0]["token_ids"]) == body["max_tokens"]
+    wait_until_idle(tiny_server)
+
+
+def test_abort_storm_leaves_the_server_serving(tiny_server: ServerProcess) -> None:
+    async def storm() -> list[httpx.Response]:
+        bodies = [completion(f"storm {i}", 300, rollout_id=f"s{i % 5}", temperature=0) for i in range(40)]
+        async with httpx.AsyncClient(base_url=tiny_server.url, headers=AUTH, timeout=300) as client:
+            tasks = [asyncio.create_task(client.post("/v1/completions", json=b)) for b in bodies]
+            for round_ in range(3):
+                await asyncio.sleep(0.3)
+                await asyncio.gather(*(client.post("/admin/abort_rollout", json={"rollout_id": f"s{i}"})
+                                       for i in range(5) if (i + round_) % 2 == 0))
+            return list(await asyncio.gather(*tasks))
+
+    replies = asyncio.run(storm())
+    assert all(r.status_code == 200 for r in replies)
+    assert {r.json()["choices"][0]["finish_reason"] for r in replies} <= {"abort", "length"}
+    wait_until_idle(tiny_server)
+    after = httpx.post(f"{tiny_server.url}/v1/completions", json=completion("after storm", 5), headers=AUTH,
+                       timeout=60)
+    assert after.status_code == 200 and len(after.json()["choices"][0]["token_ids"]) == 5
+
+
+def test_pause_holds_new_requests_until_resume(tiny_server: ServerProcess) -> None:
+    async def scenario() -> tuple[bool, httpx.Response]:
+        async with httpx.AsyncClient(base_url=tiny_server.url, headers=AUTH, timeout=120) as client:
+            assert (await client.post("/admin/pause", json={"mode": "keep"})).status_code == 200
+            task = asyncio.create_task(client.post("/v1/completions", json=completion("paused", 5)))
+            await asyncio.sleep(2.0)
+            held = not task.done()
+            assert (await client.post("/admin/resume")).status_code == 200
+            return held, await task
+
+    held, reply = asyncio.run(scenario())
+    assert held and reply.status_code == 200 and reply.json()["choices"][0]["finish_reason"] == "length"
+
+
+def test_sleep_without_sleep_mode_is_a_clear_409(tiny_server: ServerProcess) -> None:
+    for route in ("sleep", "wake"):
+        reply = admin(tiny_server, route)
+        assert reply.status_code == 409 and "enable-sleep-mode" in reply.json()["error"]["message"]
+
+
+def test_reset_prefix_cache_succeeds(tiny_server: ServerProcess) -> None:
+    reply = admin(tiny_server, "reset_prefix_cache")
+    assert reply.status_code == 200 and reply.json()["reset"] is True
+
+
+def test_update_weights_rejects_a_path_without_weights(tiny_server: ServerProcess, tmp_path: Path) -> None:
+    reply = admin(tiny_server, "update_weights", {"path": str(tmp_path), "version": "v-bad"})
+    assert reply.status_code == 400 and reply.json()["error"]["param"] == "path"
+    assert status(tiny_server)["weight_version"] != "v-bad"
+
+
+def test_weight_update_under_load_changes_outputs_version_and_drops_drafter_state(
+        tiny_server: ServerProcess, tiny_dir: Path, tiny_weights_v2: Path) -> None:
+    probe = completion("weights probe", 16, temperature=0)
+
+    def greedy() -> dict[str, Any]:
+        reply = httpx.post(f"{tiny_server.url}/v1/completions", json=probe, headers=AUTH, timeout=60).json()
+        return {"ids": reply["choices"][0]["token_ids"], "version": reply["weight_version"]}
+
+    before = greedy()
+
+    async def update_under_load() -> tuple[list[httpx.Response], httpx.Response]:
+        bodies = [completion(f"load {i}", 120, temperature=0) for i in range(12)]
+        async with httpx.AsyncClient(base_url=tiny_server.url, headers=AUTH, timeout=300) as client:
+            tasks = [asyncio.create_task(client.post("/v1/completions", json=b)) for b in bodies]
+            await asyncio.sleep(0.5)
+            update = await client.post("/admin/update_weights",
+                                       json={"path": str(tiny_weights_v2), "version": "v2", "in_flight": "wait"})
+            return list(await asyncio.gather(*tasks)), update
+
+    replies, update = asyncio.run(update_under_load())
+    assert update.status_code == 200, update.text
+    assert update.json()["previous_version"] == before["version"]
+    # "wait": requests in flight finished on the old weights, none was lost.
+    assert all(r.status_code == 200 and r.json()["choices"][0]["finish_reason"] == "length" for r in replies)
+    assert {r.json()["weight_version"] for r in replies} <= {before["version"], "v2"}
+    after = greedy()
+    assert after["version"] == "v2" and after["ids"] != before["ids"]
+    assert status(tiny_server)["weight_version"] == "v2"
+    # Back to the original weights: outputs come back exactly, the drafter starts empty.
+    restore = admin(tiny_server, "update_weights", {"path": str(tiny_dir), "version": "v3", "in_flight": "abort"})
+    assert restore.status_code == 200
+    assert status(tiny_server)["drafter"]["active_requests"] == 0
+    assert greedy() == {"ids": before["ids"], "version": "v3"}
