@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -10,6 +12,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
+from samrollout.metrics.drafter import DRAFTER_METRICS
+from samrollout.metrics.http_errors import CountHttpErrors
 from samrollout.server import admin_routes, openai_routes
 from samrollout.server.errors import error_response, install_error_handlers
 from samrollout.server.runtime import ServerRuntime, start_runtime
@@ -27,15 +31,20 @@ def build_app(settings: ServerSettings) -> FastAPI:
         app.state.runtime = runtime
         logger.info("serving %s (weights %s) with speculation %s", runtime.model_name, runtime.weight_version,
                     "on" if settings.speculation else "off")
+        finisher = asyncio.create_task(_finish_idle_rollouts(runtime))
         try:
             yield
         finally:
+            finisher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await finisher
             await _stop(runtime)
 
     app = FastAPI(title="samrollout", version=_version(), lifespan=lifespan,
                   description="OpenAI-compatible rollout server with SAM speculative decoding and RL controls.")
     app.state.settings = settings
     install_error_handlers(app)
+    app.add_middleware(CountHttpErrors)
     app.include_router(openai_routes.router)
     app.include_router(admin_routes.router)
 
@@ -52,11 +61,21 @@ def build_app(settings: ServerSettings) -> FastAPI:
         return JSONResponse({"status": "ok", "weight_version": runtime.weight_version})
 
     @app.get("/metrics")
-    async def metrics() -> Response:
+    async def metrics(request: Request) -> Response:
         """Prometheus metrics (vLLM's and ours) in the text exposition format."""
+        runtime: ServerRuntime | None = getattr(request.app.state, "runtime", None)
+        if runtime is not None:
+            DRAFTER_METRICS.update(await runtime.drafter_stats())
         return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
 
     return app
+
+
+async def _finish_idle_rollouts(runtime: ServerRuntime, period: float = 0.5) -> None:
+    """End rollouts that went idle (their histograms are observed then)."""
+    while True:
+        await asyncio.sleep(period)
+        runtime.rollouts.finish_idle()
 
 
 async def _stop(runtime: ServerRuntime) -> None:

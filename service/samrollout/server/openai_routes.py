@@ -16,10 +16,12 @@ from typing import Any, TypeVar, cast
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from samrollout.metrics.rollouts import SequenceOutcome
 from samrollout.server.auth import require_api_key
 from samrollout.server.errors import ApiError, error_response
 from samrollout.server.inflight import InflightRequest
 from samrollout.server.rl_fields import (
+    AnyRolloutRequest,
     RolloutChatCompletionRequest,
     RolloutCompletionRequest,
     annotate_stream,
@@ -79,23 +81,82 @@ def _base_id(raw_request: Request, request_id: str) -> str:
     return raw_request.headers.get("X-Request-Id") or request_id
 
 
-async def _respond(runtime: ServerRuntime, result: Any, tracked: InflightRequest,
-                   fields: dict[str, Any]) -> Response:
-    """Turn vLLM's result (error, response or SSE generator) into our response."""
-    if hasattr(result, "error") and hasattr(result.error, "code"):  # vLLM's ErrorResponse
-        return error_response(int(result.error.code), str(result.error.message), result.error.param)
-    if hasattr(result, "model_dump"):
-        body = result.model_dump(exclude_none=False)
-        body.update(fields)
-        body["weight_version"] = runtime.weight_version  # the version that finished it
-        return JSONResponse(body)
+def outcomes_of(body: dict[str, Any]) -> list[SequenceOutcome]:
+    """Each choice's length, finish reason and (with per-request metrics, n = 1) accepted draft tokens."""
+    choices = body.get("choices") or []
+    spec = ((body.get("metrics") or {}).get("speculative_decoding") or {}) if len(choices) == 1 else {}
+    usage = body.get("usage") or {}
+    outcomes = []
+    for choice in choices:
+        ids = choice.get("token_ids")
+        tokens = len(ids) if isinstance(ids, list) else int(usage.get("completion_tokens", 0)) // max(1, len(choices))
+        outcomes.append(SequenceOutcome(tokens, spec.get("num_accepted_draft_tokens"), choice.get("finish_reason")))
+    return outcomes
 
-    async def stream() -> AsyncIterator[str]:
+
+class _StreamOutcomes:
+    """Per-choice token counts and finish reasons gathered from the chunks of a stream."""
+
+    def __init__(self) -> None:
+        self.tokens: dict[int, int] = {}
+        self.finish: dict[int, str | None] = {}
+        self.spec: dict[str, Any] = {}
+
+    def see(self, payload: dict[str, Any]) -> None:
+        for choice in payload.get("choices") or []:
+            index = int(choice.get("index", 0))
+            self.tokens[index] = self.tokens.get(index, 0) + len(choice.get("token_ids") or [])
+            if choice.get("finish_reason") is not None:
+                self.finish[index] = choice["finish_reason"]
+        spec = (payload.get("metrics") or {}).get("speculative_decoding")
+        if spec:
+            self.spec = spec
+
+    def outcomes(self) -> list[SequenceOutcome]:
+        accepted = self.spec.get("num_accepted_draft_tokens") if len(self.tokens) == 1 else None
+        return [SequenceOutcome(self.tokens[i], accepted, self.finish.get(i)) for i in sorted(self.tokens)]
+
+
+async def _generate(runtime: ServerRuntime, raw_request: Request, request: AnyRolloutRequest,
+                    tracked: InflightRequest, call: Callable[[], Awaitable[Any]]) -> Response:
+    """Run vLLM's handler with rollout and in-flight tracking; add the RL fields to what it returns."""
+    fields = rl_response_fields(request)
+    rollout, sequences = request.rollout_id, tracked.prompts * (request.n or 1)
+    if rollout is not None:
+        runtime.rollouts.begin(rollout, sequences)
+    streaming = False
+    try:
         with runtime.inflight.track(tracked):
-            async for chunk in annotate_stream(result, {**fields, "weight_version": runtime.weight_version}):
-                yield chunk
+            result = await call()
+        if hasattr(result, "error") and hasattr(result.error, "code"):  # vLLM's ErrorResponse
+            return error_response(int(result.error.code), str(result.error.message), result.error.param)
+        if hasattr(result, "model_dump"):
+            body = result.model_dump(exclude_none=False)
+            body.update(fields)
+            body["weight_version"] = runtime.weight_version  # the version that finished it
+            if rollout is not None:
+                runtime.rollouts.end(rollout, sequences, outcomes_of(body))
+                rollout = None
+            return JSONResponse(body)
+        streaming = True
+        return StreamingResponse(_stream(runtime, result, tracked, fields, rollout, sequences),
+                                 media_type="text/event-stream")
+    finally:
+        if rollout is not None and not streaming:
+            runtime.rollouts.end(rollout, sequences, [])
 
-    return StreamingResponse(stream(), media_type="text/event-stream")
+
+async def _stream(runtime: ServerRuntime, chunks: AsyncIterator[str], tracked: InflightRequest,
+                  fields: dict[str, Any], rollout: str | None, sequences: int) -> AsyncIterator[str]:
+    seen = _StreamOutcomes()
+    try:
+        with runtime.inflight.track(tracked):
+            async for chunk in annotate_stream(chunks, {**fields, "weight_version": runtime.weight_version},
+                                               seen.see):
+                yield chunk
+    finally:
+        if rollout is not None:
+            runtime.rollouts.end(rollout, sequences, seen.outcomes())
 
 
 @router.post("/v1/completions", responses=_ERRORS, dependencies=[Depends(validate_json_request)])
@@ -103,17 +164,13 @@ async def _respond(runtime: ServerRuntime, result: Any, tracked: InflightRequest
 async def create_completion(request: RolloutCompletionRequest, raw_request: Request) -> Response:
     """OpenAI completions (text or token-id prompts, batches, n, seed, logprobs, echo, stream) with RL fields."""
     runtime = runtime_of(raw_request)
-    handler = runtime.state.openai_serving_completion
     check_limits(runtime, request.n, _prompt_token_lists(request.prompt))
     attach_engine_args(request)
     tracked = InflightRequest(_base_id(raw_request, request.request_id), "completion",
                               _prompt_count(request.prompt), request.rollout_id)
-    fields = rl_response_fields(request)
-    with runtime.inflight.track(tracked):
-        result = await handler.create_completion(request, raw_request)
-        if not request.stream:
-            return await _respond(runtime, result, tracked, fields)
-    return await _respond(runtime, result, tracked, fields)
+    handler = runtime.state.openai_serving_completion
+    return await _generate(runtime, raw_request, request, tracked,
+                           lambda: handler.create_completion(request, raw_request))
 
 
 @router.post("/v1/chat/completions", responses=_ERRORS, dependencies=[Depends(validate_json_request)])
@@ -127,12 +184,23 @@ async def create_chat_completion(request: RolloutChatCompletionRequest, raw_requ
     check_limits(runtime, request.n, [])
     attach_engine_args(request)
     tracked = InflightRequest(_base_id(raw_request, request.request_id), "chat", 1, request.rollout_id)
-    fields = rl_response_fields(request)
-    with runtime.inflight.track(tracked):
-        result = await handler.create_chat_completion(request, raw_request)
-        if not request.stream:
-            return await _respond(runtime, result, tracked, fields)
-    return await _respond(runtime, result, tracked, fields)
+    return await _generate(runtime, raw_request, request, tracked,
+                           lambda: handler.create_chat_completion(request, raw_request))
+
+
+@router.get("/v1/rollouts/{rollout_id}", responses={404: {"description": "unknown rollout"}})
+async def rollout_summary(rollout_id: str, raw_request: Request) -> JSONResponse:
+    """One rollout's summary: makespan, tail and tail share, lengths, acceptance, finish reasons."""
+    summary = runtime_of(raw_request).rollouts.summary(rollout_id)
+    if summary is None:
+        raise ApiError(404, f"no rollout {rollout_id!r} among the recent ones", "rollout_id")
+    return JSONResponse(summary)
+
+
+@router.get("/v1/rollouts")
+async def recent_rollouts(raw_request: Request) -> JSONResponse:
+    """The rollout ids whose summaries are kept (most recent last)."""
+    return JSONResponse({"rollouts": runtime_of(raw_request).rollouts.recent()})
 
 
 @router.get("/v1/models")

@@ -13,7 +13,7 @@ Responses: ``weight_version`` (the weights that produced it), and ``rollout_id``
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from pydantic import Field
@@ -41,7 +41,10 @@ class RolloutChatCompletionRequest(ChatCompletionRequest):
     return_token_ids: bool | None = Field(True, description="return prompt and generated token ids in each choice")
 
 
-def attach_engine_args(request: RolloutCompletionRequest | RolloutChatCompletionRequest) -> None:
+AnyRolloutRequest = RolloutCompletionRequest | RolloutChatCompletionRequest
+
+
+def attach_engine_args(request: AnyRolloutRequest) -> None:
     """Carry the group and rollout ids to the engine in ``SamplingParams.extra_args`` (vLLM's vllm_xargs).
 
     ``echo`` without an explicit ``return_token_ids`` turns the token ids off: vLLM leaves
@@ -57,18 +60,19 @@ def attach_engine_args(request: RolloutCompletionRequest | RolloutChatCompletion
     request.vllm_xargs = extra or None
 
 
-def rl_response_fields(request: RolloutCompletionRequest | RolloutChatCompletionRequest) -> dict[str, Any]:
+def rl_response_fields(request: AnyRolloutRequest) -> dict[str, Any]:
     """The request's RL ids, echoed in every response body and streamed chunk."""
     return {"rollout_id": request.rollout_id, "group_id": request.group_id}
 
 
-async def annotate_stream(chunks: AsyncIterator[str], fields: dict[str, Any]) -> AsyncIterator[str]:
-    """Add ``fields`` to each ``data: {...}`` event of vLLM's SSE stream; other lines pass through."""
+async def annotate_stream(chunks: AsyncIterator[str], fields: dict[str, Any],
+                          see: Callable[[dict[str, Any]], None] | None = None) -> AsyncIterator[str]:
+    """Add ``fields`` to each ``data: {...}`` event of vLLM's SSE stream (showing each to ``see``)."""
     async for chunk in chunks:
-        yield _annotate_events(chunk, fields)
+        yield _annotate_events(chunk, fields, see)
 
 
-def _annotate_events(chunk: str, fields: dict[str, Any]) -> str:
+def _annotate_events(chunk: str, fields: dict[str, Any], see: Callable[[dict[str, Any]], None] | None) -> str:
     out = []
     for event in chunk.split("\n\n"):
         if event.startswith("data: {"):
@@ -78,6 +82,8 @@ def _annotate_events(chunk: str, fields: dict[str, Any]) -> str:
                 out.append(event)
                 continue
             if isinstance(payload, dict) and "error" not in payload:
+                if see is not None:
+                    see(payload)
                 payload.update(fields)
             event = "data: " + json.dumps(payload, separators=(",", ":"))
         out.append(event)

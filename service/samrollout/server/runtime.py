@@ -19,6 +19,8 @@ from typing import Any, Literal
 
 from starlette.datastructures import State
 
+from samrollout.metrics.definitions import set_weight_version
+from samrollout.metrics.rollouts import RolloutTracker
 from samrollout.server.errors import ApiError
 from samrollout.server.inflight import InflightRegistry
 from samrollout.server.settings import ServerSettings
@@ -61,6 +63,7 @@ class ServerRuntime:
     vocab_size: int
     max_model_len: int
     weight_version: str
+    rollouts: RolloutTracker
     inflight: InflightRegistry = field(default_factory=InflightRegistry)
     update_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
@@ -91,19 +94,22 @@ class ServerRuntime:
                 await self.engine.reset_prefix_cache()
                 await self.engine.collective_rpc("samrollout_reset_drafter")
                 self.weight_version = version
+                set_weight_version(version, old)
                 await self.engine.update_weight_version(version)
             finally:
                 await self.engine.resume_generation()
         logger.info("weights %s -> %s loaded from %s (in-flight: %s)", old, version, path, in_flight)
         return {"weight_version": version, "previous_version": old, "in_flight": in_flight}
 
-    async def drafter_stats(self) -> dict[str, float]:
-        """The proposer's counters, summed over workers (empty with speculation off)."""
-        total: dict[str, float] = {}
-        for stats in await self.engine.collective_rpc("samrollout_drafter_stats"):
-            for key, value in (stats or {}).items():
-                total[key] = total.get(key, 0) + value
-        return total
+    async def drafter_stats(self) -> dict[str, Any]:
+        """The proposer's stats (`SamProposer.stats`) of the first worker; empty with speculation off.
+
+        With tensor parallelism every rank runs the same proposer on the same batch, so
+        one rank's counters are the engine's.
+        """
+        replies = await self.engine.collective_rpc("samrollout_drafter_stats")
+        first: dict[str, Any] = replies[0] if replies else {}
+        return first
 
 
 async def start_runtime(settings: ServerSettings, state: State) -> ServerRuntime:
@@ -112,6 +118,7 @@ async def start_runtime(settings: ServerSettings, state: State) -> ServerRuntime
     from vllm.usage.usage_lib import UsageContext
     from vllm.v1.engine.async_llm import AsyncLLM
 
+    from samrollout.metrics.engine_stats import SamStatLogger
     from samrollout.server.vllm_serving import init_app_state
 
     model_path = resolve_model(settings)
@@ -120,11 +127,13 @@ async def start_runtime(settings: ServerSettings, state: State) -> ServerRuntime
     vllm_config = engine_args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
     engine = AsyncLLM.from_vllm_config(vllm_config=vllm_config, usage_context=UsageContext.OPENAI_API_SERVER,
                                        enable_log_requests=engine_args.enable_log_requests,
-                                       disable_log_stats=engine_args.disable_log_stats)
+                                       disable_log_stats=engine_args.disable_log_stats,
+                                       stat_loggers=[SamStatLogger])
     try:
         supported = await engine.get_supported_tasks()
         await init_app_state(engine, state, args, supported)
         await engine.update_weight_version(settings.weight_version)
+        set_weight_version(settings.weight_version)
     except BaseException:
         engine.shutdown()
         raise
@@ -133,4 +142,5 @@ async def start_runtime(settings: ServerSettings, state: State) -> ServerRuntime
                          model_name=settings.public_model_name(model_path),
                          vocab_size=int(model_config.get_vocab_size()),
                          max_model_len=int(model_config.max_model_len),
-                         weight_version=settings.weight_version)
+                         weight_version=settings.weight_version,
+                         rollouts=RolloutTracker(settings.threshold, settings.rollout_idle_seconds))

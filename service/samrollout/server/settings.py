@@ -46,6 +46,8 @@ class ServerSettings(BaseSettings):
     dtype: str = Field("auto", description="model dtype passed to vLLM")
     seed: int = Field(0, description="engine seed")
     weight_version: str = Field("initial", min_length=1, description="version tag of the weights loaded at start")
+    per_request_metrics: bool = Field(True, description="per-request timing and acceptance in responses (n = 1)")
+    rollout_idle_seconds: float = Field(2.0, gt=0.0, description="a rollout ends this long after its last response")
     shutdown_timeout: float = Field(30.0, ge=0.0, description="seconds SIGTERM waits for in-flight requests")
     log_level: LogLevel = Field("info", description="server log level")
     vllm_args: list[str] = Field(default_factory=list, description="extra vLLM engine flags, passed through")
@@ -65,6 +67,7 @@ class ServerSettings(BaseSettings):
     def vllm_argv(self, model_path: str, on_cpu: bool) -> list[str]:
         """vLLM server flags for this configuration (parsed by vLLM's own argument parser)."""
         memory = self.gpu_memory_utilization or (0.3 if on_cpu else 0.9)
+        speculation = self.speculation_config()
         argv = ["--model", model_path, "--served-model-name", self.public_model_name(model_path),
                 "--seed", str(self.seed), "--dtype", self.dtype,
                 "--tensor-parallel-size", str(self.tensor_parallel_size),
@@ -72,9 +75,12 @@ class ServerSettings(BaseSettings):
                 "--worker-extension-cls", WORKER_EXTENSION_CLASS]
         if self.max_model_len is not None:
             argv += ["--max-model-len", str(self.max_model_len)]
+        if self.per_request_metrics:
+            argv.append("--enable-per-request-metrics")
+            if speculation is not None:
+                argv += ["--per-request-spec-decode-metrics", "summary"]
         if self.max_num_seqs is not None:
             argv += ["--max-num-seqs", str(self.max_num_seqs)]
-        speculation = self.speculation_config()
         if speculation is not None:
             argv += ["--speculative-config", json.dumps({"method": "custom_class", "model": PROPOSER_CLASS,
                                                          "num_speculative_tokens": speculation.k}),
@@ -107,6 +113,8 @@ _FLAGS: dict[str, dict[str, Any]] = {
     "dtype": {},
     "seed": {"type": int},
     "weight_version": {},
+    "per_request_metrics": {"action": argparse.BooleanOptionalAction},
+    "rollout_idle_seconds": {"type": float},
     "shutdown_timeout": {"type": float},
     "log_level": {"choices": ["debug", "info", "warning", "error"]},
 }

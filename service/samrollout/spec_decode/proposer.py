@@ -11,6 +11,7 @@ what it has not seen (or rebuilt if the sequence got shorter).
 
 from __future__ import annotations
 
+import bisect
 import inspect
 import time
 from typing import Any
@@ -20,6 +21,9 @@ import numpy as np
 from samrollout.config import ADDITIONAL_CONFIG_KEY, GROUP_FIELD, SpeculationConfig
 from samrollout.drafter import SamDrafter
 from samrollout.spec_decode.gate import Gate, make_gate
+
+# Upper bounds (seconds) of the proposer's step-time histogram, exported as samrollout_drafter_step_seconds.
+STEP_SECONDS_BUCKETS = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2)
 
 
 def find_model_runner() -> Any:
@@ -78,6 +82,8 @@ class SamProposer:
         self.accepted_tokens = 0
         self.sampled_rows_skipped = 0
         self.propose_seconds = 0.0
+        self.step_seconds_counts = [0] * (len(STEP_SECONDS_BUCKETS) + 1)  # last: above every bound
+        self.last_step_drafted = False
 
     @staticmethod
     def _draft_sampled(mode: str) -> bool:
@@ -87,11 +93,14 @@ class SamProposer:
 
         return not current_platform.is_cpu()
 
-    def stats(self) -> dict[str, float]:
-        """Counters since start: steps, draft tokens proposed and accepted, sampled rows skipped, time."""
+    def stats(self) -> dict[str, Any]:
+        """Counters since start (steps, draft tokens proposed and accepted, sampled rows skipped, time),
+        the step-time histogram's counts per `STEP_SECONDS_BUCKETS` bound, and the current settings."""
         return {"steps": self.steps, "draft_tokens": self.draft_tokens, "accepted_tokens": self.accepted_tokens,
                 "sampled_rows_skipped": self.sampled_rows_skipped, "active_requests": self.active_requests,
-                "propose_seconds": self.propose_seconds}
+                "propose_seconds": self.propose_seconds, "step_seconds_counts": list(self.step_seconds_counts),
+                "last_step_drafted": self.last_step_drafted, "k": self.k, "threshold": self.config.threshold,
+                "threshold_mode": self.config.threshold_mode}
 
     def load_model(self, *args: Any, **kwargs: Any) -> None:
         """No model: the drafter is model-free."""
@@ -150,7 +159,10 @@ class SamProposer:
         self.steps += 1
         self._last_running, self._last_drafted = running, step_allowed
         self._last_call = time.perf_counter()
-        self.propose_seconds += self._last_call - now
+        elapsed = self._last_call - now
+        self.propose_seconds += elapsed
+        self.step_seconds_counts[bisect.bisect_left(STEP_SECONDS_BUCKETS, elapsed)] += 1
+        self.last_step_drafted = any(drafts)
         return drafts
 
     def _account(self, request_id: str, sampled: int) -> None:

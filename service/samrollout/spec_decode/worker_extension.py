@@ -23,7 +23,7 @@ class SamWorkerExtension:
         drafter = getattr(getattr(self, "model_runner", None), "drafter", None)
         return drafter if isinstance(drafter, SamProposer) else None
 
-    def samrollout_drafter_stats(self) -> dict[str, float]:
+    def samrollout_drafter_stats(self) -> dict[str, Any]:
         """The proposer's counters (`SamProposer.stats`), or an empty dict when SAM is off."""
         proposer = self._samrollout_proposer()
         return proposer.stats() if proposer is not None else {}

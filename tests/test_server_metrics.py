@@ -1,0 +1,123 @@
+"""The server's Prometheus metrics: true to what the engine and the proposer did, bounded, per rollout."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from typing import Any
+
+import httpx
+
+from conftest import API_KEY
+from server_process import ServerProcess
+
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
+SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})? (\S+)$")
+
+
+def scrape(server: ServerProcess) -> dict[str, float]:
+    """Every sample of /metrics as 'name{labels}' -> value."""
+    samples = {}
+    for line in httpx.get(f"{server.url}/metrics", timeout=30).text.splitlines():
+        match = SAMPLE.match(line)
+        if match:
+            samples[match.group(1) + (match.group(2) or "")] = float(match.group(3))
+    return samples
+
+
+def total(samples: dict[str, float], name: str) -> float:
+    return sum(v for k, v in samples.items() if k == name or k.startswith(name + "{"))
+
+
+def generate(server: ServerProcess, **body: Any) -> dict[str, Any]:
+    reply = httpx.post(f"{server.url}/v1/completions", headers=AUTH, timeout=120,
+                       json={"model": "tiny", "temperature": 0, "ignore_eos": True, **body})
+    assert reply.status_code == 200, reply.text
+    result: dict[str, Any] = reply.json()
+    return result
+
+
+def settle(server: ServerProcess) -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and scrape(server).get("samrollout_requests_running", 1) != 0:
+        time.sleep(0.3)
+
+
+def test_every_metric_family_is_exported_with_base_units(tiny_server: ServerProcess) -> None:
+    generate(tiny_server, prompt="metrics metrics metrics", max_tokens=24)
+    settle(tiny_server)
+    names = {key.split("{")[0] for key in scrape(tiny_server)}
+    for family in ("spec_decode_drafts_total", "spec_decode_draft_tokens_total", "spec_decode_accepted_tokens_total",
+                   "spec_decode_accepted_tokens_per_position_total", "spec_decode_acceptance_length_bucket",
+                   "spec_decode_acceptance_rate", "drafter_step_seconds_bucket", "speculation_active",
+                   "speculation_threshold", "speculation_k", "requests_running", "requests_waiting",
+                   "request_latency_seconds_bucket", "time_to_first_token_seconds_bucket",
+                   "time_per_output_token_seconds_bucket", "request_prompt_tokens_bucket",
+                   "request_output_tokens_bucket", "requests_finished_total", "generated_tokens_total",
+                   "weight_version_info"):
+        assert f"samrollout_{family}" in names, family
+    assert not any(n.endswith("_created") for n in names if n.startswith("samrollout_"))
+
+
+def test_engine_acceptance_counts_agree_with_what_the_proposer_proposed(tiny_server: ServerProcess) -> None:
+    settle(tiny_server)
+    samples = scrape(tiny_server)
+    drafter = httpx.get(f"{tiny_server.url}/admin/status", headers=AUTH, timeout=30).json()["drafter"]
+    verified = samples["samrollout_spec_decode_draft_tokens_total"]
+    accepted = samples["samrollout_spec_decode_accepted_tokens_total"]
+    finished = total(samples, "samrollout_requests_finished_total")
+    # Every token the engine accepted was proposed and counted by the proposer, and no more.
+    assert accepted == drafter["accepted_tokens"] > 0
+    # The proposer also drafted for rows that finished (or were aborted) before verification: at most k each.
+    assert 0 <= drafter["draft_tokens"] - verified <= drafter["k"] * finished
+    by_position = [samples[f'samrollout_spec_decode_accepted_tokens_per_position_total{{position="{i}"}}']
+                   for i in range(drafter["k"])]
+    assert sum(by_position) == accepted and by_position == sorted(by_position, reverse=True)
+    assert abs(samples["samrollout_spec_decode_acceptance_rate"] - accepted / verified) < 1e-9
+
+
+def test_per_request_acceptance_is_returned_in_the_response(tiny_server: ServerProcess) -> None:
+    reply = generate(tiny_server, prompt="one two one two one two one two", max_tokens=48)
+    spec = reply["metrics"]["speculative_decoding"]
+    assert spec["num_draft_tokens"] > 0 and 1.0 <= spec["mean_acceptance_length"] <= 4.0
+    assert sum(spec["acceptance_histogram"]) == spec["num_spec_steps"]
+
+
+def test_rollout_summary_and_histograms_follow_a_tagged_rollout(tiny_server: ServerProcess) -> None:
+    lengths = [8] * 14 + [120, 240]  # a heavy tail: two long responses
+    before = scrape(tiny_server)
+
+    async def rollout() -> None:
+        async with httpx.AsyncClient(base_url=tiny_server.url, headers=AUTH, timeout=300) as client:
+            await asyncio.gather(*(client.post("/v1/completions", json={
+                "model": "tiny", "prompt": f"rollout {i}", "max_tokens": n, "temperature": 0, "ignore_eos": True,
+                "rollout_id": "metrics-rollout", "group_id": f"g{i % 4}"}) for i, n in enumerate(lengths)))
+
+    asyncio.run(rollout())
+    time.sleep(3.5)  # the rollout ends after --rollout-idle-seconds (2 s) with nothing in flight
+    summary = httpx.get(f"{tiny_server.url}/v1/rollouts/metrics-rollout", headers=AUTH, timeout=30).json()
+    assert summary["finished"] and summary["sequences"] == 16 and summary["in_flight"] == 0
+    assert summary["output_tokens"] == sum(lengths) and summary["longest_tokens"] == 240
+    assert summary["longest_to_median"] == 30.0 and summary["peak_in_flight"] == 16
+    assert 0.0 < summary["tail_s"] < summary["makespan_s"] and 0.0 < summary["tail_share"] < 1.0
+    assert summary["finish_reasons"] == {"length": 16}
+    after = scrape(tiny_server)
+    assert after["samrollout_rollout_makespan_seconds_count"] == before.get(
+        "samrollout_rollout_makespan_seconds_count", 0) + 1
+    assert after["samrollout_rollout_tail_share_count"] > before.get("samrollout_rollout_tail_share_count", 0)
+    missing = httpx.get(f"{tiny_server.url}/v1/rollouts/never-seen", headers=AUTH, timeout=30)
+    assert missing.status_code == 404
+
+
+def test_http_errors_are_counted_by_status_code(tiny_server: ServerProcess) -> None:
+    before = scrape(tiny_server).get('samrollout_http_errors_total{code="400"}', 0)
+    httpx.post(f"{tiny_server.url}/v1/completions", headers=AUTH, json={"model": "tiny", "prompt": "x", "n": 0})
+    assert scrape(tiny_server)['samrollout_http_errors_total{code="400"}'] == before + 1
+
+
+def test_served_weight_version_is_exported(tiny_server: ServerProcess) -> None:
+    version = httpx.get(f"{tiny_server.url}/health", timeout=10).json()["weight_version"]
+    samples = scrape(tiny_server)
+    versions = [k for k in samples if k.startswith("samrollout_weight_version_info")]
+    assert versions == [f'samrollout_weight_version_info{{version="{version}"}}']
