@@ -47,6 +47,8 @@ def run_engine_jobs(model: Path, speculation: dict[str, Any] | None, jobs: list[
 
 # --- the HTTP server, started once per test session (tests/server_process.py) ---
 API_KEY = "test-key"
+# Fraction of this machine's memory each tiny-model server reserves (KV cache); several run at once.
+TINY_SERVER_MEMORY = 0.1
 
 
 @pytest.fixture(scope="session")
@@ -57,6 +59,7 @@ def tiny_server(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory):  # ty
     log = tmp_path_factory.mktemp("tiny-server") / "server.log"
     server = start_server(["--model", str(tiny_dir), "--served-model-name", "tiny", "--api-key", API_KEY,
                            "--max-model-len", "512", "--max-n", "16", "--dtype", "float32",
+                           "--gpu-memory-utilization", str(TINY_SERVER_MEMORY),
                            "--threshold-mode", "static", "--", "--enforce-eager"], log)
     yield server
     server.stop()

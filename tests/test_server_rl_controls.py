@@ -58,9 +58,14 @@ def test_abort_rollout_stops_that_rollout_and_no_other(tiny_server: ServerProces
         victims = [completion(f"victim {i}", 480, rollout_id="doomed", temperature=1.0, seed=i) for i in range(4)]
         bystander = completion("bystander", 40, rollout_id="kept", temperature=0)
         async with httpx.AsyncClient(base_url=tiny_server.url, headers=AUTH, timeout=300) as client:
-            tasks = [asyncio.create_task(client.post("/v1/completions", json=b)) for b in [*victims, bystander]]
-            await asyncio.sleep(1.5)
-            abort = await client.post("/admin/abort_rollout", json={"rollout_id": "doomed"})
+            await client.post("/admin/pause", json={"mode": "keep"})  # all five surely in flight at the abort
+            try:
+                tasks = [asyncio.create_task(client.post("/v1/completions", json=b)) for b in [*victims, bystander]]
+                while (await client.get("/admin/status")).json()["in_flight_requests"] < 5:
+                    await asyncio.sleep(0.05)
+                abort = await client.post("/admin/abort_rollout", json={"rollout_id": "doomed"})
+            finally:
+                await client.post("/admin/resume")
             return list(await asyncio.gather(*tasks)), abort
 
     replies, abort = asyncio.run(scenario())

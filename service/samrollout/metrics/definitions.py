@@ -12,7 +12,7 @@ import contextlib
 
 from prometheus_client import Counter, Gauge, Histogram, disable_created_metrics
 
-disable_created_metrics()  # no *_created series: they double the exposition and no panel reads them
+disable_created_metrics()  # type: ignore[no-untyped-call]  # no *_created series: they double the exposition and no panel reads them
 P = "samrollout_"
 _LATENCY = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320, 640, 1280)
 _TOKENS = (1, 8, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)

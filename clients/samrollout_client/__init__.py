@@ -1,0 +1,16 @@
+"""samrollout-client: call a samrollout server (or several) as the rollout engine of an RL trainer.
+
+    from samrollout_client import RolloutClient, Sampling
+
+    with RolloutClient("http://127.0.0.1:8000", model="smollm2-135m-instruct") as client:
+        groups = client.generate(["What is 2 + 3?"], n=8, sampling=Sampling(max_tokens=64), rollout_id="step-0")
+        print(client.report("step-0"))
+"""
+
+from samrollout_client.client import AsyncRolloutClient
+from samrollout_client.errors import NoEndpointAvailable, RequestRejected, RolloutFailed, SamrolloutError
+from samrollout_client.sync import RolloutClient
+from samrollout_client.types import GroupResult, RolloutReport, Sample, SampleFailure, Sampling, SpecStats
+
+__all__ = ["AsyncRolloutClient", "GroupResult", "NoEndpointAvailable", "RequestRejected", "RolloutClient",
+           "RolloutFailed", "RolloutReport", "Sample", "SampleFailure", "Sampling", "SamrolloutError", "SpecStats"]

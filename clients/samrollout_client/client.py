@@ -1,0 +1,256 @@
+"""The asynchronous client: rollouts over one or more samrollout servers, weight sync, admin calls.
+
+    async with AsyncRolloutClient(["http://127.0.0.1:8000"], model="smollm2-135m-instruct") as client:
+        groups = await client.generate(prompts, n=8, sampling=Sampling(max_tokens=512), rollout_id="step-3")
+
+Each prompt becomes a group of ``n`` requests (one sample each) carrying one ``group_id``
+and the ``rollout_id``, sent to one endpoint so the server drafts across the siblings;
+at most ``max_in_flight`` requests are outstanding.  A request that fails with a
+connection error, a timeout or a 5xx is retried on another endpoint with backoff; a 4xx
+is not retried.  Results come back in input order; if anything is still missing after the
+retries (or the overall timeout), `RolloutFailed` names each missing sample and carries
+the partial results.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import httpx
+
+from samrollout_client.endpoints import Endpoint, EndpointPool
+from samrollout_client.errors import NoEndpointAvailable, RequestRejected, RolloutFailed, SamrolloutError
+from samrollout_client.progress import RolloutProgress
+from samrollout_client.report import combine_summaries
+from samrollout_client.types import GroupResult, Prompt, RolloutReport, Sample, SampleFailure, Sampling, SpecStats
+
+_RETRYABLE = (httpx.TransportError, httpx.TimeoutException)
+
+
+class _Retryable(SamrolloutError):
+    """A failure worth retrying on another endpoint (connection, timeout, 5xx)."""
+
+
+class AsyncRolloutClient:
+    """Rollouts against samrollout servers (use as ``async with``; see the module docstring)."""
+
+    def __init__(self, endpoints: str | Sequence[str], model: str, *, api_key: str | None = None,
+                 max_in_flight: int = 64, max_attempts: int = 4, request_timeout_s: float = 600.0,
+                 backoff_s: float = 0.5, progress: bool = False) -> None:
+        urls = [endpoints] if isinstance(endpoints, str) else list(endpoints)
+        if max_in_flight < 1 or max_attempts < 1:
+            raise ValueError("max_in_flight and max_attempts must be at least 1")
+        self.pool = EndpointPool(urls, min_backoff_s=backoff_s)
+        self.model, self.max_in_flight, self.max_attempts = model, max_in_flight, max_attempts
+        self.backoff_s, self.progress = backoff_s, progress
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        limits = httpx.Limits(max_connections=max_in_flight + 8, max_keepalive_connections=max_in_flight + 8)
+        self._http = httpx.AsyncClient(headers=headers, timeout=request_timeout_s, limits=limits)
+
+    async def __aenter__(self) -> AsyncRolloutClient:
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the connections."""
+        await self._http.aclose()
+
+    # --- rollouts -------------------------------------------------------------------------------
+
+    async def generate(self, prompts: Sequence[Prompt], n: int = 8, sampling: Sampling | None = None,
+                       rollout_id: str | None = None, timeout_s: float | None = None) -> list[GroupResult]:
+        """``n`` samples for every prompt, in input order (see the module docstring for retries and errors)."""
+        if n < 1:
+            raise ValueError(f"n must be at least 1, got {n}")
+        if not prompts:
+            return []
+        for index, prompt in enumerate(prompts):
+            if not isinstance(prompt, str) and not (isinstance(prompt, list) and prompt
+                                                    and all(isinstance(t, int) for t in prompt)):
+                raise ValueError(f"prompt {index} must be a string or a non-empty list of token ids")
+        sampling = sampling or Sampling()
+        rollout_id = rollout_id or f"rollout-{uuid.uuid4().hex[:12]}"
+        groups = [GroupResult(index=i, prompt=p, group_id=f"{rollout_id}.g{i}", samples=[])
+                  for i, p in enumerate(prompts)]
+        slots: list[list[Sample | None]] = [[None] * n for _ in prompts]
+        failures: list[SampleFailure] = []
+        gate = asyncio.Semaphore(self.max_in_flight)
+        bar = RolloutProgress(len(prompts) * n, enabled=self.progress, description=rollout_id)
+
+        async def run_group(group: GroupResult) -> None:
+            home = await self._choose()  # siblings go together, so they share the server's group automaton
+            home.outstanding += n  # reserved now, so the next group's choice sees this one
+            await asyncio.gather(*(run_sample(group, i, home) for i in range(n)))
+
+        async def run_sample(group: GroupResult, index: int, home: Endpoint) -> None:
+            async with gate:
+                bar.started()
+                try:
+                    slots[group.index][index] = await self._sample(group, index, sampling, rollout_id, home)
+                    bar.finished(slots[group.index][index])
+                except SamrolloutError as error:
+                    failures.append(SampleFailure(group=group.index, sample=index, error=str(error)))
+                    bar.finished(None)
+
+        tasks = [asyncio.create_task(run_group(g)) for g in groups]
+        try:
+            await asyncio.wait_for(asyncio.gather(*tasks), timeout_s)
+        except TimeoutError:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await self.abort(rollout_id)
+            failures += [SampleFailure(group=g, sample=s, error=f"not finished within {timeout_s} s")
+                         for g, row in enumerate(slots) for s, sample in enumerate(row) if sample is None
+                         and not any(f.group == g and f.sample == s for f in failures)]
+        finally:
+            bar.close()
+        for group in groups:
+            group.samples = [s for s in slots[group.index] if s is not None]
+        if failures:
+            failures.sort(key=lambda f: (f.group, f.sample))
+            raise RolloutFailed(f"rollout {rollout_id} is incomplete", failures, groups)
+        return groups
+
+    async def _choose(self, avoid: set[str] | None = None) -> Endpoint:
+        return await self.pool.choose(self._http, avoid)
+
+    async def _sample(self, group: GroupResult, index: int, sampling: Sampling, rollout_id: str,
+                      home: Endpoint) -> Sample:
+        """One sample, retried on other endpoints on retryable failures."""
+        body: dict[str, Any] = {
+            "model": self.model, "prompt": group.prompt, "n": 1, "max_tokens": sampling.max_tokens,
+            "temperature": sampling.temperature, "top_p": sampling.top_p, "rollout_id": rollout_id,
+            "group_id": group.group_id, "return_token_ids": True, **sampling.extra}
+        for key in ("top_k", "stop", "logprobs"):
+            if getattr(sampling, key) is not None:
+                body[key] = getattr(sampling, key)
+        if sampling.seed is not None:
+            body["seed"] = sampling.seed + index
+        endpoint, tried, last_error = home, set[str](), ""
+        for attempt in range(1, self.max_attempts + 1):
+            if attempt > 1:  # the first attempt's slot was reserved by its group
+                endpoint.outstanding += 1
+            try:
+                reply = await self._post(endpoint, "/v1/completions", body)
+                self.pool.mark_ok(endpoint)
+                return _to_sample(reply, endpoint.url, attempt)
+            except _Retryable as error:
+                last_error = str(error)
+                self.pool.mark_down(endpoint)
+            finally:
+                endpoint.outstanding -= 1
+            tried.add(endpoint.url)
+            if attempt == self.max_attempts:
+                break
+            await asyncio.sleep(self.backoff_s * 2 ** (attempt - 1))
+            try:
+                endpoint = await self._choose(avoid=tried)
+            except NoEndpointAvailable as error:
+                raise SamrolloutError(f"{last_error}; then {error}") from None
+        raise SamrolloutError(f"failed {self.max_attempts} times, last on {endpoint.url}: {last_error}")
+
+    async def _post(self, endpoint: Endpoint, path: str, body: dict[str, Any] | None) -> dict[str, Any]:
+        """POST and decode; 4xx -> `RequestRejected`, connection problems and 5xx -> `_Retryable`."""
+        try:
+            reply = await self._http.post(f"{endpoint.url}{path}", json=body)
+        except _RETRYABLE as error:
+            raise _Retryable(f"{endpoint.url}: {type(error).__name__}: {error}") from None
+        if reply.status_code >= 500:
+            raise _Retryable(f"{endpoint.url} answered {reply.status_code}: {reply.text[:200]}")
+        if reply.status_code >= 400:
+            raise RequestRejected(endpoint.url, reply.status_code, _error_message(reply))
+        result: dict[str, Any] = reply.json()
+        return result
+
+    # --- weights and admin ----------------------------------------------------------------------
+
+    async def update_weights(self, path: str, version: str, in_flight: Literal["wait", "abort"] = "wait",
+                             timeout_s: float = 600.0) -> None:
+        """Load new weights on every endpoint and wait until all of them serve ``version``."""
+        await self._broadcast("/admin/update_weights", {"path": path, "version": version, "in_flight": in_flight})
+        deadline = time.monotonic() + timeout_s
+        while True:
+            versions = await asyncio.gather(*(self._version(e) for e in self.pool.endpoints))
+            if all(v == version for v in versions):
+                return
+            if time.monotonic() > deadline:
+                raise SamrolloutError(f"not every endpoint serves {version!r} after {timeout_s} s: {versions}")
+            await asyncio.sleep(0.5)
+
+    async def pause(self, mode: Literal["keep", "wait", "abort"] = "keep") -> None:
+        """Hold generation on every endpoint."""
+        await self._broadcast("/admin/pause", {"mode": mode})
+
+    async def resume(self) -> None:
+        """Resume generation on every endpoint."""
+        await self._broadcast("/admin/resume", None)
+
+    async def sleep(self, level: Literal[1, 2] = 1) -> None:
+        """Free accelerator memory on every endpoint (servers started with sleep mode)."""
+        await self._broadcast("/admin/sleep", {"level": level})
+
+    async def wake(self) -> None:
+        """Restore what `sleep` freed, on every endpoint."""
+        await self._broadcast("/admin/wake", None)
+
+    async def abort(self, rollout_id: str) -> int:
+        """Abort every in-flight request of ``rollout_id`` on every reachable endpoint; returns how many."""
+        replies = await asyncio.gather(*(self._post(e, "/admin/abort_rollout", {"rollout_id": rollout_id})
+                                         for e in self.pool.endpoints), return_exceptions=True)
+        return sum(int(r.get("aborted_requests", 0)) for r in replies if isinstance(r, dict))
+
+    async def report(self, rollout_id: str) -> RolloutReport:
+        """The rollout's makespan, tail share and acceptance, combined over every endpoint's summary."""
+        summaries = []
+        for endpoint in self.pool.endpoints:
+            try:
+                reply = await self._http.get(f"{endpoint.url}/v1/rollouts/{rollout_id}")
+            except httpx.HTTPError:
+                continue
+            if reply.status_code == 200:
+                summaries.append(reply.json())
+        if not summaries:
+            raise SamrolloutError(f"no endpoint knows rollout {rollout_id!r}")
+        return combine_summaries(rollout_id, summaries)
+
+    async def _broadcast(self, path: str, body: dict[str, Any] | None) -> None:
+        replies = await asyncio.gather(*(self._post(e, path, body) for e in self.pool.endpoints),
+                                       return_exceptions=True)
+        failed = [f"{e.url}: {r}" for e, r in zip(self.pool.endpoints, replies, strict=True)
+                  if isinstance(r, BaseException)]
+        if failed:
+            raise SamrolloutError(f"{path} failed on {len(failed)} endpoint(s): " + "; ".join(failed))
+
+    async def _version(self, endpoint: Endpoint) -> str | None:
+        try:
+            reply = await self._http.get(f"{endpoint.url}/health", timeout=10.0)
+            version: str | None = reply.json().get("weight_version") if reply.status_code == 200 else None
+            return version
+        except httpx.HTTPError:
+            return None
+
+
+def _error_message(reply: httpx.Response) -> str:
+    try:
+        return str(reply.json()["error"]["message"])
+    except (ValueError, KeyError, TypeError):
+        return reply.text[:200]
+
+
+def _to_sample(reply: dict[str, Any], endpoint: str, attempts: int) -> Sample:
+    """A `Sample` from the server's completion response (one choice)."""
+    choice = reply["choices"][0]
+    spec = (reply.get("metrics") or {}).get("speculative_decoding")
+    logprobs = (choice.get("logprobs") or {}).get("token_logprobs")
+    return Sample(text=choice["text"], token_ids=choice.get("token_ids") or [],
+                  prompt_token_ids=choice.get("prompt_token_ids"), logprobs=logprobs,
+                  finish_reason=choice.get("finish_reason"), weight_version=reply.get("weight_version"),
+                  speculation=SpecStats(**{k: spec[k] for k in SpecStats.model_fields if k in spec}) if spec else None,
+                  endpoint=endpoint, attempts=attempts)
