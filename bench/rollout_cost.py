@@ -29,6 +29,7 @@ MODES = {"off": ["--no-speculation"], "sam": ["--threshold-mode", "adaptive"]}
 def run_rollout(url: str, args: argparse.Namespace, temperature: float, rollout_id: str) -> dict[str, Any]:
     """One rollout of groups x n through the client; the server's summary plus client-side wall time."""
     from grpo_loop import make_questions
+
     from samrollout_client import RolloutClient, Sampling
 
     questions = make_questions(args.groups, random.Random(args.seed))
