@@ -23,7 +23,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "examples")]
 
-MODES = {"off": ["--no-speculation"], "sam": ["--threshold-mode", "adaptive"]}
+MODES = {"off": ["--no-speculation"], "sam": ["--threshold-mode", "adaptive"],
+         # vLLM turns async scheduling off for custom_class proposers: this isolates that cost.
+         "off-sync": ["--no-speculation", "--", "--no-async-scheduling"]}
 
 
 def run_rollout(url: str, args: argparse.Namespace, temperature: float, rollout_id: str) -> dict[str, Any]:
@@ -52,25 +54,30 @@ def main() -> None:
     parser.add_argument("--max-in-flight", type=int, default=128)
     parser.add_argument("--temperatures", type=lambda s: [float(x) for x in s.split(",")], default=[1.0, 0.0])
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--modes", type=lambda s: s.split(","), default=["off", "sam"], help=f"of {list(MODES)}")
     parser.add_argument("--json", dest="json_path")
     args = parser.parse_args()
 
     from server_process import start_server
 
     rows = []
-    for mode, flags in MODES.items():
-        server = start_server([*flags, "--log-level", "warning"], Path(f"/tmp/samrollout-rollout-cost-{mode}.log"))
+    for mode in args.modes:
+        flags = MODES[mode]
+        extra = flags[flags.index("--"):] if "--" in flags else []
+        own = flags[:flags.index("--")] if "--" in flags else flags
+        log = Path(f"/tmp/samrollout-rollout-cost-{mode}.log")
+        server = start_server([*own, "--log-level", "warning", *extra], log)
         try:
             for temperature in args.temperatures:
                 result = run_rollout(server.url, args, temperature, f"cost-{mode}-t{temperature}")
                 rows.append({"mode": mode, "temperature": temperature, **result})
         finally:
             server.stop()
-    print(f"{'mode':<5} {'temp':>4} {'samples':>7} {'tokens':>7} {'makespan s':>10} {'tail s':>7} {'tail %':>6} "
+    print(f"{'mode':<8} {'temp':>4} {'samples':>7} {'tokens':>7} {'makespan s':>10} {'tail s':>7} {'tail %':>6} "
           f"{'tok/s':>7} {'accept len':>10}")
     for row in rows:
         mal = f"{row['mean_acceptance_length']:.2f}" if row["mean_acceptance_length"] else "-"
-        print(f"{row['mode']:<5} {row['temperature']:>4.1f} {row['sequences']:>7} {row['output_tokens']:>7} "
+        print(f"{row['mode']:<8} {row['temperature']:>4.1f} {row['sequences']:>7} {row['output_tokens']:>7} "
               f"{row['makespan_s']:>10.1f} {row['tail_s']:>7.1f} {100 * row['tail_share']:>6.1f} "
               f"{row['tokens_per_s']:>7.0f} {mal:>10}")
     if args.json_path:
