@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -36,15 +37,24 @@ class ServerProcess:
         return self.log.read_text(errors="replace")[-chars:]
 
     def stop(self, timeout: float = 120.0) -> int:
-        """SIGTERM, wait for a clean exit; returns the exit code."""
+        """SIGTERM, wait for a clean exit (else kill everything); returns the exit code."""
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
             try:
                 self.process.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+                self.kill()
+        self._kill_group()  # whatever an abrupt end left behind (engine core, workers)
         return int(self.process.returncode)
+
+    def kill(self) -> None:
+        """SIGKILL the server and its engine processes at once, as a crash would end them."""
+        self._kill_group()
+        self.process.wait()
+
+    def _kill_group(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
 
 
 def start_server(args: list[str], log: Path, env: dict[str, str] | None = None) -> ServerProcess:
@@ -53,7 +63,8 @@ def start_server(args: list[str], log: Path, env: dict[str, str] | None = None) 
     log.parent.mkdir(parents=True, exist_ok=True)
     handle = log.open("wb")
     process = subprocess.Popen([sys.executable, "-m", "samrollout.cli", "serve", "--port", str(port), *args],
-                               stdout=handle, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+                               stdout=handle, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
+                               start_new_session=True)  # its own process group: killpg ends its workers too
     server = ServerProcess(f"http://127.0.0.1:{port}", process, log)
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:

@@ -88,7 +88,7 @@ def test_a_server_killed_mid_rollout_has_its_samples_retried_elsewhere(tiny_serv
     try:
         with RolloutClient([tiny_server.url, doomed.url], model="tiny", api_key=API_KEY, max_in_flight=32,
                            backoff_s=0.2) as client:
-            killer = threading.Timer(1.5, doomed.process.kill)
+            killer = threading.Timer(1.5, doomed.kill)
             killer.start()
             groups = client.generate([f"survive {i}" for i in range(8)], n=4,
                                      sampling=Sampling(max_tokens=300, temperature=0, extra={"ignore_eos": True}),
