@@ -89,6 +89,11 @@ def test_engine_acceptance_counts_agree_with_what_the_proposer_proposed(tiny_ser
     assert abs(samples["samrollout_spec_decode_acceptance_rate"] - lifetime) < 1e-9
 
 
+def test_workers_skip_rejection_sampling_in_steps_without_drafts(tiny_server: ServerProcess) -> None:
+    drafter = httpx.get(f"{tiny_server.url}/admin/status", headers=AUTH, timeout=30).json()["drafter"]
+    assert drafter["no_draft_sampling_patched"] is True
+
+
 def test_per_request_acceptance_is_returned_in_the_response(tiny_server: ServerProcess) -> None:
     reply = generate(tiny_server, prompt="one two one two one two one two", max_tokens=48)
     spec = reply["metrics"]["speculative_decoding"]

@@ -179,3 +179,7 @@ def test_seeded_sampling_keeps_the_models_distribution(smollm2_runs):
     assert len(common) >= 5
     assert chi2_contingency(table).pvalue > 0.001
     assert on["proposer"]["sampled_rows_skipped"] > 0
+    # Here sampled rows never carry drafts, and seeded generators are drawn from only for rows
+    # with drafts: every seeded sample is the same token for token with SAM on and off (also
+    # through the no-draft shortcut of the rejection sampler, samrollout.spec_decode.no_draft_sampling).
+    assert [c[0]["token_ids"] for c in on["results"]["seeded"]] == [c[0]["token_ids"] for c in off["results"]["seeded"]]

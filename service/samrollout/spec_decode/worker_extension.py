@@ -25,8 +25,14 @@ class SamWorkerExtension:
 
     def samrollout_drafter_stats(self) -> dict[str, Any]:
         """The proposer's counters (`SamProposer.stats`), or an empty dict when SAM is off."""
+        from vllm.v1.sample import rejection_sampler
+
         proposer = self._samrollout_proposer()
-        return proposer.stats() if proposer is not None else {}
+        stats = proposer.stats() if proposer is not None else {}
+        if stats:
+            stats["no_draft_sampling_patched"] = bool(
+                getattr(rejection_sampler.rejection_sample, "__samrollout_patched__", False))
+        return stats
 
     def samrollout_reset_drafter(self) -> bool:
         """Forget every automaton and the gate's measurements; False when SAM is off."""
