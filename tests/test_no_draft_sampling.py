@@ -29,4 +29,5 @@ def test_plugin_is_registered_and_patches_vllm_once() -> None:
     assert "samrollout_no_draft_sampling" in names
     assert patch(rejection_sampler) and patch(rejection_sampler)
     assert getattr(rejection_sampler.rejection_sample, "__samrollout_patched__", False)
+    assert getattr(rejection_sampler.apply_sampling_constraints, "__samrollout_patched__", False)
     assert not getattr(rejection_sampler.rejection_sample.__wrapped__, "__samrollout_patched__", False)

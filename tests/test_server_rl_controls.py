@@ -104,6 +104,17 @@ def test_seeded_requests_with_long_prompts_under_load_keep_the_engine_alive(tiny
     assert httpx.get(f"{tiny_server.url}/health", timeout=10).status_code == 200
 
 
+def test_top_k_requests_with_speculation_on_keep_the_engine_alive(tiny_server: ServerProcess) -> None:
+    # vLLM 0.32 ran top-k filtering over the empty draft-position logits of a step without
+    # drafts and crashed the worker; samrollout.spec_decode.no_draft_sampling passes them through.
+    for top_k in (1, 5, -1):
+        for temperature in (0.0, 0.8):
+            reply = httpx.post(f"{tiny_server.url}/v1/completions", headers=AUTH, timeout=60,
+                               json=completion("a b a b a b a b", 30, temperature=temperature, top_k=top_k, seed=1))
+            assert reply.status_code == 200, reply.text
+    assert httpx.get(f"{tiny_server.url}/health", timeout=10).status_code == 200
+
+
 def test_abort_storm_leaves_the_server_serving(tiny_server: ServerProcess) -> None:
     async def storm() -> list[httpx.Response]:
         bodies = [completion(f"storm {i}", 300, rollout_id=f"s{i % 5}", temperature=0) for i in range(40)]

@@ -8,7 +8,12 @@ places each request's bonus token, but first draws an exponential variate for ev
 time on a sampled 128-request batch, and made a sampled rollout 50% slower with SAM on
 than off although nothing was drafted.
 
-The patch returns the bonus tokens directly when ``max_spec_len == 0``.  Outputs are
+It also crashed the engine: a request with ``top_k`` in such a step sent an empty
+target-logits tensor through top-k filtering (``k.max()`` of an empty tensor), killing
+the worker for every request.
+
+The patch returns the bonus tokens directly when ``max_spec_len == 0``, and passes an
+empty target-logits tensor through ``apply_sampling_constraints`` untouched.  Outputs are
 unchanged: with no drafts every request's token is its bonus token, which vLLM's own
 kernels copy the same way; seeded requests' generators are not touched by the skipped
 code (vLLM draws from them only for requests with drafts), so seeded outputs are
@@ -50,8 +55,24 @@ def without_draftless_work(original: Callable[..., Any]) -> Callable[..., Any]:
     return rejection_sample
 
 
+def skipping_empty_logits(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``apply_sampling_constraints`` that returns an empty (no draft positions) logits tensor as it is."""
+
+    @functools.wraps(original)
+    def apply_sampling_constraints(logits: Any, *args: Any, **kwargs: Any) -> Any:
+        if logits.shape[0] == 0:
+            return logits
+        return original(logits, *args, **kwargs)
+
+    apply_sampling_constraints.__samrollout_patched__ = True  # type: ignore[attr-defined]
+    return apply_sampling_constraints
+
+
 def patch(module: Any) -> bool:
-    """Wrap ``module.rejection_sample`` once; False (and a log line) if its signature is not the expected one."""
+    """Wrap ``module.rejection_sample`` and ``apply_sampling_constraints`` once; False if they look unexpected."""
+    constraints = getattr(module, "apply_sampling_constraints", None)
+    if constraints is not None and not getattr(constraints, "__samrollout_patched__", False):
+        module.apply_sampling_constraints = skipping_empty_logits(constraints)
     original = getattr(module, "rejection_sample", None)
     if original is None:
         logger.warning("samrollout: %s has no rejection_sample; not patched", _TARGET_MODULE)
