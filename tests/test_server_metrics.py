@@ -107,9 +107,16 @@ def test_rollout_summary_and_histograms_follow_a_tagged_rollout(tiny_server: Ser
 
     async def rollout() -> None:
         async with httpx.AsyncClient(base_url=tiny_server.url, headers=AUTH, timeout=300) as client:
-            await asyncio.gather(*(client.post("/v1/completions", json={
-                "model": "tiny", "prompt": f"rollout {i}", "max_tokens": n, "temperature": 0, "ignore_eos": True,
-                "rollout_id": "metrics-rollout", "group_id": f"g{i % 4}"}) for i, n in enumerate(lengths)))
+            await client.post("/admin/pause", json={"mode": "keep"})  # all 16 in flight before any runs
+            try:
+                tasks = [asyncio.create_task(client.post("/v1/completions", json={
+                    "model": "tiny", "prompt": f"rollout {i}", "max_tokens": n, "temperature": 0, "ignore_eos": True,
+                    "rollout_id": "metrics-rollout", "group_id": f"g{i % 4}"})) for i, n in enumerate(lengths)]
+                while (await client.get("/admin/status")).json()["in_flight_requests"] < len(lengths):
+                    await asyncio.sleep(0.05)
+            finally:
+                await client.post("/admin/resume")
+            await asyncio.gather(*tasks)
 
     asyncio.run(rollout())
     time.sleep(3.5)  # the rollout ends after --rollout-idle-seconds (2 s) with nothing in flight

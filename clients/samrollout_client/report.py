@@ -18,7 +18,7 @@ def combine_summaries(rollout_id: str, summaries: list[dict[str, Any]]) -> Rollo
     start = min(s["started_at"] for s in summaries)
     end = max(s["started_at"] + s["makespan_s"] for s in summaries)
     makespan = end - start
-    tail = max(s["tail_s"] for s in summaries)
+    tail = min(makespan, max(s["tail_s"] for s in summaries))  # clock rounding must not make it exceed
     sequences = sum(s["sequences"] for s in summaries)
     output_tokens = sum(s["output_tokens"] for s in summaries)
     medians = sorted((s["median_tokens"], s["sequences"]) for s in summaries)

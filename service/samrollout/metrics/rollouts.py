@@ -62,7 +62,7 @@ class RolloutState:
         """The summary served at /v1/rollouts/{id}."""
         end = self.ended if self.ended is not None and self.in_flight == 0 else now
         makespan = end - self.started
-        tail = self.tail_seconds(now)
+        tail = min(makespan, self.tail_seconds(now))
         lengths = self.output_tokens
         median = statistics.median(lengths) if lengths else 0.0
         return {
