@@ -109,7 +109,7 @@ def test_abort_ends_a_running_rollout_with_partial_samples(tiny_server: ServerPr
             try:
                 task = asyncio.create_task(client.generate(["abort me"], n=4, rollout_id="client-abort",
                                                            sampling=Sampling(max_tokens=480)))
-                await wait_in_flight(tiny_server, 4)
+                await wait_in_flight(tiny_server, "client-abort", 4)
                 aborted = await client.abort("client-abort")
             finally:
                 await client.resume()
@@ -120,12 +120,13 @@ def test_abort_ends_a_running_rollout_with_partial_samples(tiny_server: ServerPr
     assert aborted == 4 and reasons == ["abort"] * 4
 
 
-async def wait_in_flight(server: ServerProcess, count: int) -> None:
+async def wait_in_flight(server: ServerProcess, rollout_id: str, count: int) -> None:
     import httpx
 
     async with httpx.AsyncClient(headers={"Authorization": f"Bearer {API_KEY}"}) as http:
         for _ in range(200):
-            if (await http.get(f"{server.url}/admin/status")).json()["in_flight_requests"] >= count:
+            reply = await http.get(f"{server.url}/v1/rollouts/{rollout_id}")
+            if reply.status_code == 200 and reply.json()["in_flight"] >= count:
                 return
             await asyncio.sleep(0.05)
     raise AssertionError(f"{count} requests never reached the server")

@@ -19,7 +19,6 @@ class SamStatLogger(StatLoggerBase):
     """Feeds `samrollout.metrics.definitions` from the engine's stats (one instance per engine)."""
 
     def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
-        self.engine_index = engine_index
         self.drafted = 0
         self.accepted = 0
 

@@ -37,13 +37,11 @@ class RolloutState:
     rollout_id: str
     started_wall: float
     started: float
-    last_change: float
     in_flight: int = 0
     peak_in_flight: int = 0
     requests: int = 0
     tail_started: float | None = None
-    ended: float | None = None
-    idle_since: float | None = None
+    ended: float | None = None  # when the last in-flight sequence finished; None while any runs
     output_tokens: list[int] = field(default_factory=list)
     draft_tokens: int = 0
     measured_tokens: int = 0
@@ -60,7 +58,7 @@ class RolloutState:
 
     def to_dict(self, now: float) -> dict[str, Any]:
         """The summary served at /v1/rollouts/{id}."""
-        end = self.ended if self.ended is not None and self.in_flight == 0 else now
+        end = self.ended if self.ended is not None else now
         makespan = end - self.started
         tail = min(makespan, self.tail_seconds(now))
         lengths = self.output_tokens
@@ -95,12 +93,12 @@ class RolloutTracker:
         now = time.monotonic()
         state = self._rollouts.get(rollout_id)
         if state is None:
-            state = RolloutState(rollout_id, time.time(), now, now, threshold=self.threshold)
+            state = RolloutState(rollout_id, time.time(), now, threshold=self.threshold)
             self._rollouts[rollout_id] = state
             while len(self._rollouts) > self.keep:
                 self._rollouts.popitem(last=False)
         self._rollouts.move_to_end(rollout_id)
-        state.done, state.idle_since, state.ended = False, None, None
+        state.done, state.ended = False, None
         state.requests += 1
         self._move(state, sequences, now)
         m.ROLLOUTS_ACTIVE.set(self.active())
@@ -123,7 +121,7 @@ class RolloutTracker:
                 m.ROLLOUT_TOKENS.labels(source="model").inc(outcome.output_tokens - outcome.accepted_draft_tokens)
         self._move(state, -sequences, now)
         if state.in_flight == 0:
-            state.ended = state.idle_since = now
+            state.ended = now
         m.ROLLOUTS_ACTIVE.set(self.active())
 
     def _move(self, state: RolloutState, delta: int, now: float) -> None:
@@ -132,16 +130,15 @@ class RolloutTracker:
         state.peak_in_flight = max(state.peak_in_flight, state.in_flight)
         if state.in_flight > self.threshold:
             state.tail_started = None
-        elif before > self.threshold or (state.tail_started is None and state.peak_in_flight > self.threshold):
+        elif before > self.threshold:  # it just dropped to the threshold: the tail starts
             state.tail_started = now
-        state.last_change = now
 
     def finish_idle(self) -> int:
         """End the rollouts idle for ``idle_seconds``: observe their histograms; returns how many ended."""
         now = time.monotonic()
         ended = 0
         for state in self._rollouts.values():
-            if state.done or state.idle_since is None or now - state.idle_since < self.idle_seconds:
+            if state.done or state.ended is None or now - state.ended < self.idle_seconds:
                 continue
             summary = state.to_dict(now)
             m.ROLLOUT_MAKESPAN.observe(summary["makespan_s"])

@@ -81,7 +81,7 @@ async def _finish_idle_rollouts(runtime: ServerRuntime, period: float = 0.5) -> 
 async def _stop(runtime: ServerRuntime) -> None:
     """Abort whatever is still running, then stop the engine and its worker processes."""
     try:
-        ids = [i for request in list(runtime.inflight._requests.values()) for i in request.engine_ids()]
+        ids = runtime.inflight.engine_ids()
         if ids:
             logger.info("shutting down: aborting %d engine requests still in flight", len(ids))
             await runtime.engine.abort(ids)

@@ -44,6 +44,11 @@ class InflightRegistry:
         finally:
             self._requests.pop(request.base_id, None)
 
+    def engine_ids(self, requests: list[InflightRequest] | None = None) -> list[str]:
+        """The engine request ids of ``requests`` (default: every request in flight)."""
+        chosen = list(self._requests.values()) if requests is None else requests
+        return [engine_id for request in chosen for engine_id in request.engine_ids()]
+
     def of_rollout(self, rollout_id: str) -> list[InflightRequest]:
         """The in-flight requests tagged with ``rollout_id``."""
         return [r for r in self._requests.values() if r.rollout_id == rollout_id]

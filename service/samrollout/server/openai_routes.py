@@ -117,7 +117,7 @@ class _StreamOutcomes:
         return [SequenceOutcome(self.tokens[i], accepted, self.finish.get(i)) for i in sorted(self.tokens)]
 
 
-async def _generate(runtime: ServerRuntime, raw_request: Request, request: AnyRolloutRequest,
+async def _generate(runtime: ServerRuntime, request: AnyRolloutRequest,
                     tracked: InflightRequest, call: Callable[[], Awaitable[Any]]) -> Response:
     """Run vLLM's handler with rollout and in-flight tracking; add the RL fields to what it returns."""
     fields = rl_response_fields(request)
@@ -169,7 +169,7 @@ async def create_completion(request: RolloutCompletionRequest, raw_request: Requ
     tracked = InflightRequest(_base_id(raw_request, request.request_id), "completion",
                               _prompt_count(request.prompt), request.rollout_id)
     handler = runtime.state.openai_serving_completion
-    return await _generate(runtime, raw_request, request, tracked,
+    return await _generate(runtime, request, tracked,
                            lambda: handler.create_completion(request, raw_request))
 
 
@@ -184,7 +184,7 @@ async def create_chat_completion(request: RolloutChatCompletionRequest, raw_requ
     check_limits(runtime, request.n, [])
     attach_engine_args(request)
     tracked = InflightRequest(_base_id(raw_request, request.request_id), "chat", 1, request.rollout_id)
-    return await _generate(runtime, raw_request, request, tracked,
+    return await _generate(runtime, request, tracked,
                            lambda: handler.create_chat_completion(request, raw_request))
 
 

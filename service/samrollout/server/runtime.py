@@ -70,7 +70,7 @@ class ServerRuntime:
     async def abort_rollout(self, rollout_id: str) -> int:
         """Abort every in-flight request tagged ``rollout_id``; returns how many HTTP requests it hit."""
         requests = self.inflight.of_rollout(rollout_id)
-        ids = [engine_id for request in requests for engine_id in request.engine_ids()]
+        ids = self.inflight.engine_ids(requests)
         if ids:
             await self.engine.abort(ids)
         return len(requests)
