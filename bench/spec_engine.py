@@ -1,11 +1,14 @@
-"""SAM inside the real engine vs no speculation and vLLM's ngram: throughput, acceptance, rollout makespan.
+"""SAM inside the real engine vs no speculation and vLLM's ngram and suffix: throughput, acceptance, makespan.
 
-    python bench/spec_engine.py --json out/spec_engine.json --plot out/spec_engine.png
+    python bench/spec_engine.py --repeats 3 --json out/spec_engine.json --plot out/spec_engine.png
 
 Every mode runs in its own process on the same prompts (greedy: on vLLM's CPU backend
 SAM drafts only for greedy requests, see README): decode throughput at several batch
 sizes, then a rollout-shaped workload whose max_tokens are heavy-tailed, reporting its
-makespan and the time spent in the tail (at most --tail requests running).
+makespan and the time spent in the tail (at most --tail requests running).  With
+--repeats N the modes run N rounds, interleaved (off, sam, ..., off, sam, ...), so slow
+drift of the machine hits every mode alike; the table shows the median and the range.
+The adaptive mode also reports what its gate measured per batch-size bucket.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ MODES: dict[str, dict[str, Any] | None] = {
     "sam-adaptive": {"method": "sam", "threshold_mode": "adaptive"},
     "sam-always": {"method": "sam", "threshold_mode": "off"},
     "ngram": {"method": "ngram"},
+    "suffix": {"method": "suffix"},
 }
 QUESTIONS = [
     "Explain step by step how to compute 347 * 29, then check the result.",
@@ -53,6 +57,9 @@ def _engine_args(mode: str, k: int, threshold: int) -> dict[str, Any]:
     if setting["method"] == "ngram":
         return engine_kwargs(model, None, speculative_config={"method": "ngram", "num_speculative_tokens": k,
                                                               "prompt_lookup_min": 5, "prompt_lookup_max": 5}, **base)
+    if setting["method"] == "suffix":  # vLLM's SuffixDecoding (arctic-inference), its defaults
+        return engine_kwargs(model, None, speculative_config={"method": "suffix", "num_speculative_tokens": k},
+                             **base)
     config = SpeculationConfig(k=k, threshold_mode=setting["threshold_mode"], threshold=threshold)
     return engine_kwargs(model, config, **base)
 
@@ -118,6 +125,8 @@ def run_mode(mode: str, args: argparse.Namespace) -> dict[str, Any]:
     if setting is not None and setting["method"] == "sam":
         proposer = llm.collective_rpc(proposer_stats)[0]
         out["drafter_us_per_step"] = 1e6 * proposer["propose_seconds"] / max(1, proposer["steps"])
+        out["gate"] = {bucket: {key: (None if value != value else value) for key, value in row.items()}
+                       for bucket, row in proposer.get("gate", {}).items()}  # NaN -> null
     return out
 
 
@@ -127,7 +136,8 @@ def main() -> None:
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--k", type=int, default=3)
     parser.add_argument("--threshold", type=int, default=8)
-    parser.add_argument("--batch-sizes", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8, 32])
+    parser.add_argument("--batch-sizes", type=lambda s: [int(x) for x in s.split(",")], default=[1, 4, 16, 64])
+    parser.add_argument("--repeats", type=int, default=1, help="rounds over all modes (median reported)")
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--rollout", type=int, default=32, help="requests in the rollout workload")
     parser.add_argument("--rollout-max", type=int, default=768, help="cap of the heavy-tailed max_tokens")
@@ -140,28 +150,73 @@ def main() -> None:
         mode, path = args.child.split(":", 1)
         Path(path).write_text(json.dumps(run_mode(mode, args)))
         return
-    results = []
-    for mode in args.modes.split(","):
-        path = Path(f"/tmp/spec_engine_{os.getpid()}_{mode}.json")
-        cmd = [sys.executable, __file__, "--child", f"{mode}:{path}", *sys.argv[1:]]
-        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        results.append(json.loads(path.read_text()))
-        path.unlink()
-        print(f"done: {mode}", flush=True)
-    header = f"{'mode':<14}" + "".join(f"{f'tok/s@{b}':>11}{'MAL':>6}" for b in args.batch_sizes)
-    header += f"{'makespan s':>12}{'tail s':>8}{'drafter us':>12}"
-    print(header)
-    for r in results:
-        row = f"{r['mode']:<14}" + "".join(f"{b['tokens_per_s']:>11.1f}{b['mean_acceptance_length']:>6.2f}"
-                                           for b in r["batches"])
-        row += f"{r['rollout']['makespan_s']:>12.2f}{r['rollout']['tail_s']:>8.2f}"
-        row += f"{r.get('drafter_us_per_step', float('nan')):>12.1f}"
-        print(row)
+    modes = args.modes.split(",")
+    runs: dict[str, list[dict[str, Any]]] = {mode: [] for mode in modes}
+    for round_index in range(args.repeats):
+        for mode in modes:
+            path = Path(f"/tmp/spec_engine_{os.getpid()}_{mode}.json")
+            cmd = [sys.executable, __file__, "--child", f"{mode}:{path}", *sys.argv[1:]]
+            subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            runs[mode].append(json.loads(path.read_text()))
+            path.unlink()
+            print(f"done: round {round_index + 1}/{args.repeats} {mode}", flush=True)
+    results = [summarise(mode, mode_runs) for mode, mode_runs in runs.items()]
+    print_table(results, args.batch_sizes)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps({"args": vars(args), "results": results}, indent=2) + "\n")
     if args.plot:
         write_plot(results, args.plot, args.tail)
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+
+
+def summarise(mode: str, mode_runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Median (and min, max) of each figure over the repeats of one mode; the runs themselves kept."""
+    batches = []
+    for index, first in enumerate(mode_runs[0]["batches"]):
+        rows = [run["batches"][index] for run in mode_runs]
+        batches.append({"batch": first["batch"],
+                        **{key: _median([row[key] for row in rows])
+                           for key in ("tokens_per_s", "mean_acceptance_length", "acceptance_rate")},
+                        "tokens_per_s_range": [min(r["tokens_per_s"] for r in rows),
+                                               max(r["tokens_per_s"] for r in rows)]})
+    makespans = [run["rollout"]["makespan_s"] for run in mode_runs]
+    tails = [run["rollout"]["tail_s"] for run in mode_runs]
+    summary: dict[str, Any] = {
+        "mode": mode, "repeats": len(mode_runs), "batches": batches,
+        "rollout": {"makespan_s": _median(makespans), "makespan_range_s": [min(makespans), max(makespans)],
+                    "tail_s": _median(tails), "tail_range_s": [min(tails), max(tails)]},
+        "runs": mode_runs}
+    if "drafter_us_per_step" in mode_runs[0]:
+        summary["drafter_us_per_step"] = _median([run["drafter_us_per_step"] for run in mode_runs])
+    return summary
+
+
+def print_table(results: list[dict[str, Any]], batch_sizes: list[int]) -> None:
+    """Medians over the repeats; the makespan's range in brackets."""
+    header = f"{'mode':<14}" + "".join(f"{f'tok/s@{b}':>11}{'MAL':>6}" for b in batch_sizes)
+    header += f"{'makespan s [range]':>22}{'tail s':>8}{'drafter us':>12}"
+    print(header)
+    for r in results:
+        row = f"{r['mode']:<14}" + "".join(f"{b['tokens_per_s']:>11.1f}{b['mean_acceptance_length']:>6.2f}"
+                                           for b in r["batches"])
+        low, high = r["rollout"]["makespan_range_s"]
+        row += f"{r['rollout']['makespan_s']:>9.2f} [{low:5.2f}-{high:5.2f}]{r['rollout']['tail_s']:>8.2f}"
+        row += f"{r.get('drafter_us_per_step', float('nan')):>12.1f}"
+        print(row)
+    for r in results:
+        for run_index, run in enumerate(r["runs"]):
+            if run.get("gate"):
+                print(f"{r['mode']} gate, run {run_index + 1} (tokens/s measured with / without drafts, steps):")
+                for bucket, g in run["gate"].items():
+                    on = "-" if g["on_tokens_per_s"] is None else f"{g['on_tokens_per_s']:.1f}"
+                    off = "-" if g["off_tokens_per_s"] is None else f"{g['off_tokens_per_s']:.1f}"
+                    print(f"  running {bucket:>5}: on {on:>7} ({g['on_steps']:>5})  off {off:>7} ({g['off_steps']:>5})")
 
 
 def write_plot(results: list[dict[str, Any]], path: str, tail: int) -> None:

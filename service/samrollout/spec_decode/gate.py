@@ -26,8 +26,9 @@ class Gate:
         """Whether to draft for this request (after the step is allowed)."""
         return True
 
-    def observe_step(self, running: int, drafted: bool, seconds: float) -> None:
-        """Wall time of the engine step that followed a decision (for adaptive gates)."""
+    def observe_step(self, running: int, drafted: bool, seconds: float, tokens: int) -> None:
+        """One finished engine step: its batch size, whether any request in it verified a draft,
+        its wall time, and the tokens it produced (accepted drafts plus one per request)."""
 
     def observe_request(self, request_id: str, drafted: int, accepted: int) -> None:
         """Outcome of a request's previous draft: tokens proposed, tokens accepted."""
@@ -66,76 +67,88 @@ class _RequestStats:
 
 @dataclass
 class AdaptiveGate(Gate):
-    """Decides from measurements whether drafting is worth its verification cost.
+    """Drafts where it measurably produces more tokens per second than not drafting.
 
-    Rule, per batch-size bucket b (powers of two: 1, 2, 3-4, 5-8, ...):
-      drafting pays when  MAL / T_on(b) > 1 / T_off(b),  i.e.  MAL > T_on(b) / T_off(b),
-    where T_on / T_off are exponential moving averages of the engine step time with and
-    without drafts at that bucket, and MAL = 1 + accepted / steps-with-drafts over recent
-    steps (tokens per step when drafting).  Until both times are known for a bucket the
-    static threshold decides; afterwards the losing arm is still tried every
-    ``explore_every`` steps so the estimate follows the workload.  Per request: one whose
-    acceptance rate stays under ``min_request_acceptance`` after ``min_request_drafts``
-    drafted tokens gets no drafts for ``mute_steps`` steps, then is tried again.
+    Rule, per batch-size bucket b (1-2, 3-4, 5-8, ... running requests):
+      draft  iff  R_on(b) > R_off(b),
+    where R_on / R_off are moving averages (weight ``alpha``) of the engine's output rate,
+    tokens produced / step wall time, over steps at that bucket that did / did not verify
+    drafts.  This is the break-even rule ``mean tokens per request-step > T_on / T_off``
+    measured end to end: it counts requests that had no draft or were muted, the bonus
+    token, and the verification cost on this hardware at this batch size, so it needs no
+    cost model.  Steps that also prefilled a new request are left out (their time is not
+    decode time).  Each arm needs ``min_samples`` steps before it counts; until then the
+    static threshold decides, and every ``explore_every`` steps the other arm is tried,
+    so the estimate keeps following the workload.  Per request: one whose acceptance rate
+    stays under ``min_request_acceptance`` after ``min_request_drafts`` drafted tokens gets
+    no drafts for ``mute_steps`` steps, then is tried again.
     """
 
     threshold: int = 8
-    alpha: float = 0.2
-    explore_every: int = 32
+    alpha: float = 0.1
+    min_samples: int = 3
+    explore_every: int = 16
     min_request_acceptance: float = 0.1
     min_request_drafts: int = 24
     mute_steps: int = 64
     _on: dict[int, _Ema] = field(default_factory=dict)
     _off: dict[int, _Ema] = field(default_factory=dict)
-    _mal: _Ema = field(default_factory=_Ema)
     _requests: dict[str, _RequestStats] = field(default_factory=dict)
     _step: int = 0
 
     @staticmethod
     def bucket(running: int) -> int:
-        """Power-of-two bucket of a batch size."""
+        """Power-of-two bucket of a batch size: 1 for 1-2 running, 2 for 3-4, 3 for 5-8, ..."""
         return max(1, running - 1).bit_length()
+
+    def rates(self, running: int) -> tuple[float, float]:
+        """(R_on, R_off) in tokens/s at this batch size's bucket; NaN where not measured yet."""
+        b = self.bucket(running)
+        on, off = self._on.get(b, _Ema()), self._off.get(b, _Ema())
+        return ((on.value if on.count >= self.min_samples else math.nan),
+                (off.value if off.count >= self.min_samples else math.nan))
 
     def speculation_pays(self, running: int) -> bool | None:
         """The rule above for this batch size, or None while it lacks measurements."""
-        b = self.bucket(running)
-        on, off = self._on.get(b), self._off.get(b)
-        if on is None or off is None or self._mal.count == 0:
+        on, off = self.rates(running)
+        if math.isnan(on) or math.isnan(off):
             return None
-        return self._mal.value > on.value / off.value
+        return on > off
+
+    def summary(self) -> dict[str, dict[str, float]]:
+        """Per bucket, named by its largest batch size ("<=8"): measured on/off rates and step counts."""
+        table: dict[str, dict[str, float]] = {}
+        for b in sorted(set(self._on) | set(self._off)):
+            on, off = self._on.get(b, _Ema()), self._off.get(b, _Ema())
+            table[f"<={1 << b}"] = {"on_tokens_per_s": on.value, "off_tokens_per_s": off.value,
+                                                  "on_steps": on.count, "off_steps": off.count}
+        return table
 
     def allow_step(self, running: int) -> bool:
-        """The measured rule, the static rule before it has data, and periodic exploration."""
+        """The measured rule (the static rule before it has data), and periodic exploration."""
         self._step += 1
         verdict = self.speculation_pays(running)
-        prior = running <= self.threshold
-        if verdict is None:
-            b = self.bucket(running)
-            # Measure the arm the static rule would not take, once in a while.
-            missing_on = b not in self._on and not prior
-            missing_off = b not in self._off and prior
-            if (missing_on or missing_off) and self._step % self.explore_every == 0:
-                return not prior
-            return prior
+        choice = running <= self.threshold if verdict is None else verdict
         if self._step % self.explore_every == 0:
-            return not verdict
-        return verdict
+            return not choice
+        return choice
 
     def allow_request(self, request_id: str) -> bool:
         """False while a request with persistently low acceptance is muted."""
         stats = self._requests.get(request_id)
         return stats is None or stats.muted_until_step <= self._step
 
-    def observe_step(self, running: int, drafted: bool, seconds: float) -> None:
-        """Fold a step's wall time into the bucket's on/off average."""
+    def observe_step(self, running: int, drafted: bool, seconds: float, tokens: int) -> None:
+        """Fold a decode step's output rate into its bucket's on or off average."""
+        if seconds <= 0 or running <= 0:
+            return
         table = self._on if drafted else self._off
-        table.setdefault(self.bucket(running), _Ema()).add(seconds, self.alpha)
+        table.setdefault(self.bucket(running), _Ema()).add(tokens / seconds, self.alpha)
 
     def observe_request(self, request_id: str, drafted: int, accepted: int) -> None:
-        """Track acceptance globally (MAL) and per request (muting)."""
+        """Per-request acceptance, for muting requests whose drafts keep failing."""
         if drafted <= 0:
             return
-        self._mal.add(1.0 + accepted, self.alpha / 4)
         stats = self._requests.setdefault(request_id, _RequestStats())
         stats.drafted += drafted
         stats.accepted += accepted

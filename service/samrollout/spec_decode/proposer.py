@@ -20,7 +20,7 @@ import numpy as np
 
 from samrollout.config import ADDITIONAL_CONFIG_KEY, GROUP_FIELD, SpeculationConfig
 from samrollout.drafter import SamDrafter
-from samrollout.spec_decode.gate import Gate, make_gate
+from samrollout.spec_decode.gate import AdaptiveGate, Gate, make_gate
 
 # Upper bounds (seconds) of the proposer's step-time histogram, exported as samrollout_drafter_step_seconds.
 STEP_SECONDS_BUCKETS = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2)
@@ -74,7 +74,6 @@ class SamProposer:
         self._indexed: dict[str, int] = {}       # tokens each request's automaton holds
         self._last_draft: dict[str, int] = {}    # length of each request's previous draft
         self._last_call: float | None = None
-        self._last_running = 0
         self._last_drafted = False
         # Counters for metrics and tests: what we proposed, what came back accepted.
         self.steps = 0
@@ -100,7 +99,8 @@ class SamProposer:
                 "sampled_rows_skipped": self.sampled_rows_skipped, "active_requests": self.active_requests,
                 "propose_seconds": self.propose_seconds, "step_seconds_counts": list(self.step_seconds_counts),
                 "last_step_drafted": self.last_step_drafted, "k": self.k, "threshold": self.config.threshold,
-                "threshold_mode": self.config.threshold_mode}
+                "threshold_mode": self.config.threshold_mode,
+                "gate": self.gate.summary() if isinstance(self.gate, AdaptiveGate) else {}}
 
     def load_model(self, *args: Any, **kwargs: Any) -> None:
         """No model: the drafter is model-free."""
@@ -113,9 +113,9 @@ class SamProposer:
         req_ids: list[str] = list(batch.req_ids)
         rows = len(sampled_token_ids)
         running = sum(1 for s in sampled_token_ids if s)
-        if self._last_call is not None:
-            self.gate.observe_step(self._last_running, self._last_drafted, now - self._last_call)
         self._forget_departed(set(batch.req_id_to_index))
+        # Did the step just finished also prefill (a partial prefill, or a new or resumed request)?
+        prefilled = running < rows
 
         ids: list[str] = []
         new_tokens: list[list[int]] = []
@@ -132,6 +132,7 @@ class SamProposer:
                 self._remove(request_id)
                 seen = None
             if seen is None:
+                prefilled = True
                 prompt_length = int(batch.num_prompt_tokens[i])
                 self._add(request_id, token_ids_cpu[i, :prompt_length])
                 seen = prompt_length
@@ -139,6 +140,10 @@ class SamProposer:
             new_tokens.append(token_ids_cpu[i, seen:length].tolist())
             row_of.append(i)
             self._indexed[request_id] = length
+
+        if self._last_call is not None and not prefilled:
+            produced = sum(len(sampled) for sampled in sampled_token_ids)
+            self.gate.observe_step(running, self._last_drafted, now - self._last_call, produced)
 
         drafts: list[list[int]] = [[] for _ in range(rows)]
         step_allowed = bool(ids) and self.gate.allow_step(running)
@@ -157,12 +162,12 @@ class SamProposer:
             self._last_draft[request_id] = len(drafts[i])
             self.draft_tokens += len(drafts[i])
         self.steps += 1
-        self._last_running, self._last_drafted = running, step_allowed
+        self.last_step_drafted = any(drafts)
+        self._last_drafted = self.last_step_drafted
         self._last_call = time.perf_counter()
         elapsed = self._last_call - now
         self.propose_seconds += elapsed
         self.step_seconds_counts[bisect.bisect_left(STEP_SECONDS_BUCKETS, elapsed)] += 1
-        self.last_step_drafted = any(drafts)
         return drafts
 
     def _account(self, request_id: str, sampled: int) -> None:
