@@ -39,15 +39,31 @@ class SamStatLogger(StatLoggerBase):
         m.SPEC_DRAFTS.inc(spec.num_drafts)
         m.SPEC_DRAFT_TOKENS.inc(spec.num_draft_tokens)
         m.SPEC_ACCEPTED_TOKENS.inc(spec.num_accepted_tokens)
-        for position, (drafted, accepted) in enumerate(zip(spec.num_draft_tokens_per_pos,
-                                                           spec.num_accepted_tokens_per_pos, strict=True)):
-            if drafted:
-                m.SPEC_DRAFT_TOKENS_BY_POSITION.labels(position=str(position)).inc(drafted)
-                m.SPEC_ACCEPTED_BY_POSITION.labels(position=str(position)).inc(accepted)
+        self._record_positions(spec)
         m.SPEC_ACCEPTANCE_LENGTH.observe(1.0 + spec.num_accepted_tokens / spec.num_drafts)
         self.drafted += spec.num_draft_tokens
         self.accepted += spec.num_accepted_tokens
         m.SPEC_ACCEPTANCE_RATE.set(self.accepted / self.drafted if self.drafted else 0.0)
+
+    @staticmethod
+    def _record_positions(spec: Any) -> None:
+        """Draft and accepted tokens by draft position.
+
+        vLLM 0.23 counts accepted tokens by position only (no ``num_draft_tokens_per_pos``; drafts
+        may be shorter than k, so the drafted counts cannot be derived): there the drafted series
+        stays empty.
+        """
+        accepted_per_pos: list[int] = spec.num_accepted_tokens_per_pos
+        drafted_per_pos: list[int] | None = getattr(spec, "num_draft_tokens_per_pos", None)
+        if drafted_per_pos is None:
+            for position, accepted in enumerate(accepted_per_pos):
+                if accepted:
+                    m.SPEC_ACCEPTED_BY_POSITION.labels(position=str(position)).inc(accepted)
+            return
+        for position, (drafted, accepted) in enumerate(zip(drafted_per_pos, accepted_per_pos, strict=True)):
+            if drafted:
+                m.SPEC_DRAFT_TOKENS_BY_POSITION.labels(position=str(position)).inc(drafted)
+                m.SPEC_ACCEPTED_BY_POSITION.labels(position=str(position)).inc(accepted)
 
     @staticmethod
     def _record_iteration(stats: Any) -> None:

@@ -11,6 +11,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from samrollout.server.settings import add_settings_flags, settings_from_args
+from samrollout.server.vllm_version import UnsupportedVllmError, serving_series
 
 
 def add_serve_parser(commands: Any) -> None:
@@ -28,6 +29,11 @@ def run_serve(args: argparse.Namespace) -> int:
         settings.speculation_config()
     except (ValidationError, ValueError) as exc:
         print(f"samrollout serve: invalid settings:\n{exc}", file=sys.stderr)
+        return 2
+    try:
+        serving_series()
+    except UnsupportedVllmError as exc:
+        print(f"samrollout serve: {exc}", file=sys.stderr)
         return 2
     import uvicorn
 

@@ -78,14 +78,14 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _api(_: Request, exc: ApiError) -> JSONResponse:
         return error_response(exc.status, exc.message, exc.param)
 
-    from samrollout.server.vllm_serving import VLLMError, create_error_response
+    from samrollout.server.vllm_serving import ERROR_TYPES, create_error_response
 
     async def _vllm(_: Request, exc: Exception) -> JSONResponse:
         # vLLM's own mapping: its client errors are 4xx, generation errors 5xx, bare ValueError 400.
         error = create_error_response(exc)
         return JSONResponse(error.model_dump(), status_code=error.error.code)
 
-    for kind in (VLLMError, ValueError, TypeError, OverflowError):
+    for kind in ERROR_TYPES:
         app.add_exception_handler(kind, _vllm)
 
     @app.exception_handler(Exception)

@@ -44,10 +44,20 @@ def vllm_namespace(settings: ServerSettings, model_path: str) -> argparse.Namesp
     """vLLM's server arguments for our settings, parsed and validated by vLLM itself."""
     from vllm.platforms import current_platform
 
-    from samrollout.server.vllm_serving import FlexibleArgumentParser, make_arg_parser, validate_parsed_serve_args
+    from samrollout.server.vllm_serving import (
+        PER_REQUEST_METRICS,
+        FlexibleArgumentParser,
+        make_arg_parser,
+        validate_parsed_serve_args,
+    )
+    from samrollout.server.vllm_version import installed_vllm_version
 
+    if settings.per_request_metrics and not PER_REQUEST_METRICS:
+        logger.info("per-request metrics are off: vLLM %s has no --enable-per-request-metrics (responses carry "
+                    "no `metrics`; /metrics and rollout summaries still count acceptance)", installed_vllm_version())
     parser = make_arg_parser(FlexibleArgumentParser(prog="samrollout serve (vLLM engine flags)"))  # type: ignore[no-untyped-call]
-    args: argparse.Namespace = parser.parse_args(settings.vllm_argv(model_path, on_cpu=current_platform.is_cpu()))
+    argv = settings.vllm_argv(model_path, current_platform.is_cpu(), per_request_metrics_flags=PER_REQUEST_METRICS)
+    args: argparse.Namespace = parser.parse_args(argv)
     validate_parsed_serve_args(args)
     return args
 
@@ -83,6 +93,8 @@ class ServerRuntime:
         new weights.  The prefix cache and the drafters' automata are dropped, since both
         were built by the old policy.
         """
+        from samrollout.server.vllm_serving import set_engine_weight_version
+
         folder = Path(path)
         if not folder.is_dir() or not any(folder.glob("*.safetensors")):
             raise ApiError(400, f"{path!r} is not a directory holding *.safetensors weights", "path")
@@ -90,12 +102,12 @@ class ServerRuntime:
             old = self.weight_version
             await self.engine.pause_generation(mode=in_flight, clear_cache=True)
             try:
-                await self.engine.collective_rpc("reload_weights", kwargs={"weights_path": str(folder)})
+                await self.engine.collective_rpc("samrollout_reload_weights", kwargs={"weights_path": str(folder)})
                 await self.engine.reset_prefix_cache()
                 await self.engine.collective_rpc("samrollout_reset_drafter")
                 self.weight_version = version
                 set_weight_version(version, old)
-                await self.engine.update_weight_version(version)
+                await set_engine_weight_version(self.engine, version)
             finally:
                 await self.engine.resume_generation()
         logger.info("weights %s -> %s loaded from %s (in-flight: %s)", old, version, path, in_flight)
@@ -119,7 +131,7 @@ async def start_runtime(settings: ServerSettings, state: State) -> ServerRuntime
     from vllm.v1.engine.async_llm import AsyncLLM
 
     from samrollout.metrics.engine_stats import SamStatLogger
-    from samrollout.server.vllm_serving import init_app_state
+    from samrollout.server.vllm_serving import init_app_state, set_engine_weight_version
 
     model_path = resolve_model(settings)
     args = vllm_namespace(settings, model_path)
@@ -132,7 +144,7 @@ async def start_runtime(settings: ServerSettings, state: State) -> ServerRuntime
     try:
         supported = await engine.get_supported_tasks()
         await init_app_state(engine, state, args, supported)
-        await engine.update_weight_version(settings.weight_version)
+        await set_engine_weight_version(engine, settings.weight_version)
         set_weight_version(settings.weight_version)
     except BaseException:
         engine.shutdown()

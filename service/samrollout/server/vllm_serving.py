@@ -1,27 +1,27 @@
-"""Every piece of vLLM's serving layer the server reuses, imported in this one place.
+"""Every piece of vLLM's serving layer the server reuses, from the layout of the installed vLLM.
 
-vLLM moves these modules between releases; this file pins the layout of vLLM 0.32
-(the ``cpu`` extra, and the ``cuda`` extra's range), so following another release means
-editing this file only.  What each piece does for us:
+vLLM moves these modules between releases; `samrollout.server.vllm_layouts` has one module
+per supported series (0.32: the ``cpu`` and ``cuda`` extras; 0.23: vllm-ascend 0.23) and this
+one picks it (`samrollout.server.vllm_version`; any other vLLM raises `UnsupportedVllmError`).
+Following another release means adding a layout.  What each piece does for us:
 
 - `CompletionRequest`, `ChatCompletionRequest`: OpenAI request models (we subclass them).
 - `with_cancellation`, `validate_json_request`: disconnect handling and content-type check.
-- `create_error_response`, `VLLMError`: vLLM's mapping of its exceptions to OpenAI errors.
+- `create_error_response`, `ERROR_TYPES`: vLLM's mapping of its exceptions to OpenAI errors.
 - `make_arg_parser`, `validate_parsed_serve_args`, `FlexibleArgumentParser`: vLLM's server flags.
 - `init_app_state`: builds the OpenAI serving objects (completion, chat, models, renderers).
+- `PER_REQUEST_METRICS`: whether vLLM has per-request metrics (``--enable-per-request-metrics``).
+- `set_engine_weight_version`: tell the engine the weight version, where it keeps one.
 """
 
 from __future__ import annotations
 
-from vllm.entrypoints.launchers.api_server.app_state import init_app_state
-from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
-from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
-from vllm.entrypoints.openai.completion.protocol import CompletionRequest
-from vllm.entrypoints.serve.exception_handling.error_response import create_error_response
-from vllm.entrypoints.serve.utils.api_utils import validate_json_request, with_cancellation
-from vllm.exceptions import VLLMError
-from vllm.utils.argparse_utils import FlexibleArgumentParser
+from typing import TYPE_CHECKING
 
-__all__ = ["ChatCompletionRequest", "CompletionRequest", "FlexibleArgumentParser", "VLLMError",
-           "create_error_response", "init_app_state", "make_arg_parser", "validate_json_request",
-           "validate_parsed_serve_args", "with_cancellation"]
+from samrollout.server.vllm_version import serving_series
+
+# Types are vLLM 0.32's (what mypy checks); both layouts export the same names (their __all__).
+if TYPE_CHECKING or serving_series() == "0.32":
+    from samrollout.server.vllm_layouts.v0_32 import *  # noqa: F403
+else:
+    from samrollout.server.vllm_layouts.v0_23 import *  # noqa: F403

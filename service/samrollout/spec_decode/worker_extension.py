@@ -1,4 +1,4 @@
-"""Methods vLLM adds to its workers (``worker_extension_cls``) so the server can reach the proposer.
+"""Methods vLLM adds to its workers (``worker_extension_cls``): the server reaches the proposer, reloads weights.
 
 The server calls them by name through ``engine.collective_rpc("samrollout_...")``: no
 pickled callables cross the engine's IPC, and they work the same on CPU, CUDA and NPU
@@ -16,6 +16,7 @@ class SamWorkerExtension:
     """Mixed into vLLM's worker class; ``self.model_runner`` is the worker's runner."""
 
     model_runner: Any
+    vllm_config: Any
 
     def _samrollout_proposer(self) -> Any | None:
         from samrollout.spec_decode.proposer import SamProposer
@@ -41,3 +42,19 @@ class SamWorkerExtension:
             return False
         proposer.reset()
         return True
+
+    def samrollout_reload_weights(self, weights_path: str) -> None:
+        """Load new weights from ``weights_path`` into the model in place (same architecture).
+
+        vLLM's workers have ``reload_weights``; vllm-ascend 0.23's ``NPUWorker`` has not, but its
+        runner inherits vLLM's ``GPUModelRunner.reload_weights``, which is called as vLLM's
+        worker calls it (under the worker's config).
+        """
+        reload = getattr(self, "reload_weights", None)
+        if callable(reload):
+            reload(weights_path=weights_path)
+            return
+        from vllm.config import set_current_vllm_config
+
+        with set_current_vllm_config(self.vllm_config):
+            self.model_runner.reload_weights(weights_path=weights_path)

@@ -1,0 +1,415 @@
+"""Runs the server's code on vLLM 0.23.0's real Python, with a stand-in engine, and reports what happened.
+
+vLLM 0.23's engine cannot run here (its compiled ops need torch 2.11), but its Python can:
+tests/test_vllm023_serving_contract.py starts this script in a subprocess whose ``sys.path``
+puts vLLM 0.23.0's released source (and a ``vllm 0.23.0+cpu`` metadata stub, so vLLM picks its
+CPU platform) before the installed vLLM 0.32.  Everything from vLLM is then 0.23's: the server
+chooses its 0.23 layout, vLLM 0.23 parses and validates the settings' flags and builds the
+engine config, ``init_app_state`` builds the OpenAI serving objects, and requests go through
+vLLM 0.23's serving code to a stand-in ``AsyncLLM`` that checks every call against the real
+0.23 ``AsyncLLM``'s signatures.  Each check's result is written to a JSON file:
+``{name: {"ok": true, ...data} | {"ok": false, "error": traceback}}``.
+
+Usage: ``python vllm023_probe.py MODEL_DIR OUT_JSON``
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import logging
+import shutil
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any, ClassVar
+
+API_KEY = "probe-key"
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
+TOKENS = [11, 12, 13]  # what the stand-in engine "generates" for every sequence
+
+
+class LogLines(logging.Handler):
+    """Collects the messages of one logger."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(logging.DEBUG)
+        self.lines: list[str] = []
+        logger = logging.getLogger(name)
+        logger.addHandler(self)
+        logger.setLevel(logging.DEBUG)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+def check_layout(model_dir: str) -> dict[str, Any]:
+    import vllm
+
+    from samrollout.server import vllm_serving
+    from samrollout.server.vllm_version import serving_series
+
+    return {"vllm_version": vllm.__version__, "vllm_file": vllm.__file__, "series": serving_series(),
+            "init_app_state": vllm_serving.init_app_state.__module__,
+            "completion_request": vllm_serving.CompletionRequest.__module__,
+            "per_request_metrics": vllm_serving.PER_REQUEST_METRICS,
+            "error_types": [f"{t.__module__}.{t.__qualname__}" for t in vllm_serving.ERROR_TYPES]}
+
+
+NAMESPACE_FIELDS = ("model", "served_model_name", "seed", "dtype", "tensor_parallel_size", "gpu_memory_utilization",
+                    "worker_extension_cls", "max_model_len", "enable_chunked_prefill", "max_num_seqs",
+                    "speculative_config", "additional_config", "enforce_eager", "enable_sleep_mode")
+
+
+def check_flags(model_dir: str) -> dict[str, Any]:
+    """The settings' flags through vLLM 0.23's own parser and validation (`runtime.vllm_namespace`)."""
+    from samrollout.server.runtime import vllm_namespace
+    from samrollout.server.settings import ServerSettings
+    from samrollout.server.vllm_serving import FlexibleArgumentParser, make_arg_parser
+
+    variants = {
+        "default": ServerSettings(model=model_dir),
+        "everything": ServerSettings(model=model_dir, served_model_name="tiny", speculation=False,
+                                     chunked_prefill=False, max_model_len=512, max_num_seqs=4,
+                                     gpu_memory_utilization=0.5, dtype="float32", seed=3,
+                                     per_request_metrics=True,
+                                     vllm_args=["--enforce-eager", "--enable-sleep-mode"]),
+        "chunked": ServerSettings(model=model_dir, chunked_prefill=True, per_request_metrics=False),
+    }
+    result: dict[str, Any] = {}
+    for name, settings in variants.items():
+        log = LogLines("samrollout.server")
+        namespace = vllm_namespace(settings, model_dir)
+        logging.getLogger("samrollout.server").removeHandler(log)
+        result[name] = {"namespace": {f: _jsonable(getattr(namespace, f)) for f in NAMESPACE_FIELDS},
+                        "log": log.lines}
+    parser = make_arg_parser(FlexibleArgumentParser())
+    rejected = {}
+    for flag in (["--enable-per-request-metrics"], ["--per-request-spec-decode-metrics", "summary"]):
+        try:
+            parser.parse_args(["--model", model_dir, *flag])
+            rejected[flag[0]] = False
+        except SystemExit:
+            rejected[flag[0]] = True
+    result["per_request_flags_rejected"] = rejected
+    return result
+
+
+def _jsonable(value: Any) -> Any:
+    try:
+        json.dumps(value)
+        return value
+    except TypeError:
+        return repr(value)
+
+
+def check_engine_config(model_dir: str) -> dict[str, Any]:
+    """vLLM 0.23 builds the engine config from the settings' flags as start_runtime does."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.usage.usage_lib import UsageContext
+
+    from samrollout.server.runtime import vllm_namespace
+    from samrollout.server.settings import ServerSettings
+
+    args = vllm_namespace(ServerSettings(model=model_dir, max_model_len=512), model_dir)
+    engine_args = AsyncEngineArgs.from_cli_args(args)
+    config = engine_args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
+    spec = config.speculative_config
+    return {"method": spec.method, "num_speculative_tokens": spec.num_speculative_tokens,
+            "proposer": getattr(spec, "model", None),
+            "worker_extension_cls": config.parallel_config.worker_extension_cls,
+            "additional_config_keys": sorted(config.additional_config),
+            "enable_sleep_mode": config.model_config.enable_sleep_mode,
+            "vocab_size": int(config.model_config.get_vocab_size()),
+            "max_model_len": int(config.model_config.max_model_len),
+            "enable_log_requests": engine_args.enable_log_requests,
+            "disable_log_stats": engine_args.disable_log_stats}
+
+
+class StandInEngine:
+    """What the server and vLLM 0.23's serving layer use of ``AsyncLLM``, with no engine behind it.
+
+    Every method call is bound to the real 0.23 ``AsyncLLM`` method's signature first: a method
+    0.23 lacks, or arguments it does not take, are recorded in ``mismatches`` and raise.
+    """
+
+    def __init__(self, vllm_config: Any, stat_loggers: list[Callable[..., Any]]) -> None:
+        from vllm.renderers import renderer_from_config
+        from vllm.v1.engine.async_llm import AsyncLLM
+        from vllm.v1.engine.input_processor import InputProcessor
+
+        self._real = AsyncLLM
+        self.vllm_config = vllm_config
+        self.model_config = vllm_config.model_config
+        self.renderer = renderer_from_config(vllm_config)
+        self.input_processor = InputProcessor(vllm_config, self.renderer)
+        self.errored = False
+        self.dead_error = RuntimeError("the stand-in engine is dead")
+        self.stat_loggers = [factory(vllm_config, 0) for factory in stat_loggers]
+        self.calls: list[dict[str, Any]] = []
+        self.mismatches: list[str] = []
+        self.generated: list[dict[str, Any]] = []
+        self.paused = self.sleeping = False
+
+    def _call(self, name: str, *args: Any, **kwargs: Any) -> None:
+        real = getattr(self._real, name, None)
+        if real is None:
+            self.mismatches.append(f"AsyncLLM.{name} does not exist in vLLM 0.23")
+            raise AttributeError(name)
+        try:
+            inspect.signature(real).bind(self, *args, **kwargs)
+        except TypeError as error:
+            self.mismatches.append(f"AsyncLLM.{name}{inspect.signature(real)} rejects {args} {kwargs}: {error}")
+            raise
+        self.calls.append({"method": name, "kwargs": _jsonable(kwargs)})
+
+    # What the methods that only record their call return (given the engine); None for the rest.
+    ANSWERS: ClassVar[dict[str, Callable[[StandInEngine], Any]]] = {
+        "get_supported_tasks": lambda engine: ("generate",), "is_tracing_enabled": lambda engine: False,
+        "is_paused": lambda engine: engine.paused, "is_sleeping": lambda engine: engine.sleeping,
+        "reset_prefix_cache": lambda engine: True}
+    # The state the methods that change it leave behind.
+    EFFECTS: ClassVar[dict[str, tuple[str, bool]]] = {
+        "pause_generation": ("paused", True), "resume_generation": ("paused", False),
+        "sleep": ("sleeping", True), "wake_up": ("sleeping", False)}
+
+    def __getattr__(self, name: str) -> Any:
+        """Any other AsyncLLM method: checked and recorded, answered from ANSWERS and EFFECTS."""
+        real = getattr(self._real, name, None) if not name.startswith("_") else None
+        if not inspect.isfunction(real):
+            raise AttributeError(name)
+
+        def answer(*args: Any, **kwargs: Any) -> Any:
+            self._call(name, *args, **kwargs)
+            if name in self.EFFECTS:
+                setattr(self, *self.EFFECTS[name])
+            return self.ANSWERS[name](self) if name in self.ANSWERS else None
+
+        if not inspect.iscoroutinefunction(real):
+            return answer
+
+        async def answer_async(*args: Any, **kwargs: Any) -> Any:
+            return answer(*args, **kwargs)
+
+        return answer_async
+
+    async def collective_rpc(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
+        self._call("collective_rpc", method, *args, **kwargs)
+        self.calls[-1]["rpc"] = method
+        return [{"steps": 0}] if method == "samrollout_drafter_stats" else [None]
+
+    async def generate(self, prompt: Any, sampling_params: Any, request_id: str, *args: Any,
+                       **kwargs: Any) -> AsyncIterator[Any]:
+        from vllm.entrypoints.openai.engine.protocol import GenerationError
+        from vllm.exceptions import VLLMNotFoundError, VLLMValidationError
+        from vllm.outputs import CompletionOutput, RequestOutput
+
+        self._call("generate", prompt, sampling_params, request_id, *args, **kwargs)
+        text = prompt.get("prompt") or ""
+        self.generated.append({"request_id": request_id, "n": sampling_params.n, "prompt": text,
+                               "extra_args": dict(sampling_params.extra_args or {}),
+                               "max_tokens": sampling_params.max_tokens})
+        if "RAISE-VALIDATION" in text:
+            raise VLLMValidationError("the stand-in engine rejects this prompt", parameter="prompt")
+        if "RAISE-NOT-FOUND" in text:
+            raise VLLMNotFoundError("the stand-in engine has no such thing")
+        if "RAISE-GENERATION" in text:
+            raise GenerationError("the stand-in engine failed")
+        outputs = [CompletionOutput(index=i, text=" a b c", token_ids=list(TOKENS), cumulative_logprob=None,
+                                    logprobs=None, finish_reason="length") for i in range(sampling_params.n)]
+        yield RequestOutput(request_id=request_id, prompt=None, prompt_token_ids=list(prompt["prompt_token_ids"]),
+                            prompt_logprobs=None, outputs=outputs, finished=True, num_cached_tokens=0)
+
+
+def check_server(model_dir: str) -> dict[str, Any]:
+    """The whole server (build_app, lifespan, routes) on vLLM 0.23's serving layer and a stand-in engine."""
+    from fastapi.testclient import TestClient
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    from samrollout.server.app import build_app
+    from samrollout.server.inflight import InflightRequest
+    from samrollout.server.settings import ServerSettings
+
+    engines: list[StandInEngine] = []
+    real_from_vllm_config = AsyncLLM.from_vllm_config
+
+    def from_vllm_config(cls: type, *args: Any, **kwargs: Any) -> StandInEngine:
+        inspect.signature(real_from_vllm_config).bind(*args, **kwargs)  # what the server passes, 0.23 takes
+        engines.append(StandInEngine(kwargs["vllm_config"], kwargs.get("stat_loggers") or []))
+        return engines[-1]
+
+    AsyncLLM.from_vllm_config = classmethod(from_vllm_config)
+    settings = ServerSettings(model=model_dir, served_model_name="tiny", api_key=API_KEY, max_model_len=512,
+                              max_n=4, dtype="float32", threshold_mode="static")
+    weights = Path(tempfile.mkdtemp(prefix="probe-weights-"))  # the stand-in engine loads nothing from it
+    (weights / "model.safetensors").write_bytes(b"")
+    replies: dict[str, Any] = {}
+
+    def keep(name: str, response: Any) -> None:
+        body: Any
+        try:
+            body = response.json()
+        except ValueError:
+            body = response.text
+        replies[name] = {"status": response.status_code, "body": body}
+
+    completion = {"model": "tiny", "prompt": "hello world", "max_tokens": 3}
+    chat = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+    app = build_app(settings)
+    with TestClient(app) as client:
+        keep("health", client.get("/health"))
+        keep("models", client.get("/v1/models", headers=AUTH))
+        keep("no_key", client.post("/v1/completions", json=completion))
+        keep("completion", client.post("/v1/completions", headers={**AUTH, "X-Request-Id": "one"},
+                                       json={**completion, "n": 2, "rollout_id": "r1", "group_id": "g1"}))
+        keep("batch", client.post("/v1/completions", headers={**AUTH, "X-Request-Id": "two"},
+                                  json={**completion, "prompt": ["first", "second"]}))
+        keep("token_prompt", client.post("/v1/completions", headers=AUTH, json={**completion, "prompt": [1, 2, 3]}))
+        keep("echo", client.post("/v1/completions", headers=AUTH, json={**completion, "echo": True}))
+        stream = client.post("/v1/completions", headers=AUTH, json={**completion, "stream": True, "rollout_id": "r2"})
+        replies["stream"] = {"status": stream.status_code, "events": [
+            e[len("data: "):] for e in stream.text.split("\n\n") if e.startswith("data: ")]}
+        keep("chat", client.post("/v1/chat/completions", headers={**AUTH, "X-Request-Id": "three"},
+                                 json={**chat, "group_id": "g2"}))
+        keep("n_too_big", client.post("/v1/completions", headers=AUTH, json={**completion, "n": 5}))
+        keep("unknown_model", client.post("/v1/completions", headers=AUTH, json={**completion, "model": "other"}))
+        keep("bad_type", client.post("/v1/completions", headers=AUTH, json={**completion, "max_tokens": "x"}))
+        keep("too_long", client.post("/v1/completions", headers=AUTH, json={**completion, "max_tokens": 4096}))
+        for kind in ("VALIDATION", "NOT-FOUND", "GENERATION"):
+            keep(f"raise_{kind.lower()}", client.post("/v1/completions", headers=AUTH,
+                                                      json={**completion, "prompt": f"RAISE-{kind}"}))
+        keep("pause", client.post("/admin/pause", headers=AUTH, json={"mode": "keep"}))
+        keep("status_paused", client.get("/admin/status", headers=AUTH))
+        keep("resume", client.post("/admin/resume", headers=AUTH))
+        keep("sleep_off", client.post("/admin/sleep", headers=AUTH, json={"level": 1}))
+        # Sleep mode needs an accelerator (vLLM refuses it on CPU): switched on here after start.
+        app.state.runtime.state.vllm_config.model_config.enable_sleep_mode = True
+        keep("sleep", client.post("/admin/sleep", headers=AUTH, json={"level": 2}))
+        keep("status_sleeping", client.get("/admin/status", headers=AUTH))
+        keep("wake", client.post("/admin/wake", headers=AUTH))
+        keep("reset_prefix_cache", client.post("/admin/reset_prefix_cache", headers=AUTH))
+        keep("abort_rollout", client.post("/admin/abort_rollout", headers=AUTH, json={"rollout_id": "r1"}))
+        keep("update_weights", client.post("/admin/update_weights", headers=AUTH,
+                                           json={"path": str(weights), "version": "v2", "in_flight": "abort"}))
+        keep("after_update", client.post("/v1/completions", headers=AUTH, json=completion))
+        keep("status", client.get("/admin/status", headers=AUTH))
+        metrics = client.get("/metrics")
+        names = {line.split("{")[0].split(" ")[0] for line in metrics.text.splitlines()}
+        replies["metrics"] = {"status": metrics.status_code,
+                              "samrollout": sorted(n for n in names if n.startswith("samrollout_"))}
+    shutil.rmtree(weights)
+    (engine,) = engines
+    return {"replies": replies, "engine_calls": engine.calls, "mismatches": engine.mismatches,
+            "generated": engine.generated, "stat_loggers": [type(s).__name__ for s in engine.stat_loggers],
+            "expected_engine_ids": {
+                "completion": InflightRequest("one", "completion", 1, "r1").engine_ids(),
+                "batch": InflightRequest("two", "completion", 2, None).engine_ids(),
+                "chat": InflightRequest("three", "chat", 1, None).engine_ids()}}
+
+
+def check_stat_logger(model_dir: str) -> dict[str, Any]:
+    """SamStatLogger is a 0.23 StatLoggerBase and reads 0.23's real per-step statistics."""
+    from prometheus_client import REGISTRY
+    from vllm.v1.metrics.loggers import StatLoggerBase
+    from vllm.v1.metrics.stats import FinishedRequestStats, IterationStats, SchedulerStats
+    from vllm.v1.spec_decode.metrics import SpecDecodingStats
+
+    from samrollout.metrics.engine_stats import SamStatLogger
+
+    def value(name: str, **labels: str) -> float:
+        return REGISTRY.get_sample_value(name, labels) or 0.0
+
+    before = {"drafts": value("samrollout_spec_decode_drafts_total"),
+              "accepted_pos0": value("samrollout_spec_decode_accepted_tokens_per_position_total", position="0"),
+              "finished": value("samrollout_requests_finished_total", finish_reason="length")}
+    logger = SamStatLogger(None, 0)
+    spec = SpecDecodingStats.new(num_spec_tokens=3)
+    spec.observe_draft(num_draft_tokens=3, num_accepted_tokens=2)
+    spec.observe_draft(num_draft_tokens=2, num_accepted_tokens=1)
+    iteration = IterationStats()
+    iteration.num_generation_tokens = 5
+    iteration.time_to_first_tokens_iter.append(0.25)
+    iteration.finished_requests.append(FinishedRequestStats(
+        finish_reason="length", e2e_latency=1.5, num_prompt_tokens=4, num_generation_tokens=6,
+        mean_time_per_output_token=0.1))
+    logger.record(SchedulerStats(num_running_reqs=2, num_waiting_reqs=1, spec_decoding_stats=spec), iteration,
+                  None, 0)
+    logger.log_engine_initialized()
+    return {"is_stat_logger": isinstance(logger, StatLoggerBase),
+            "abstract_left": sorted(getattr(SamStatLogger, "__abstractmethods__", ())),
+            "drafts": value("samrollout_spec_decode_drafts_total") - before["drafts"],
+            "accepted_pos0": value("samrollout_spec_decode_accepted_tokens_per_position_total", position="0")
+            - before["accepted_pos0"],
+            "finished": value("samrollout_requests_finished_total", finish_reason="length") - before["finished"],
+            "running": value("samrollout_requests_running"), "waiting": value("samrollout_requests_waiting")}
+
+
+def check_worker_reload(model_dir: str) -> dict[str, Any]:
+    """SamWorkerExtension.samrollout_reload_weights on a worker with and without ``reload_weights``."""
+    from samrollout.spec_decode.worker_extension import SamWorkerExtension
+
+    seen: list[Any] = []
+
+    class Runner:
+        def reload_weights(self, weights_iterator: Any = None, weights_path: str | None = None,
+                           is_checkpoint_format: bool = True) -> None:
+            from vllm.config import get_current_vllm_config_or_none
+
+            seen.append(("runner", weights_path, get_current_vllm_config_or_none() is worker.vllm_config))
+
+    class NpuLikeWorker(SamWorkerExtension):  # vllm-ascend 0.23's NPUWorker: no reload_weights
+        def __init__(self) -> None:
+            from vllm.config import VllmConfig
+
+            self.vllm_config = VllmConfig()
+            self.model_runner = Runner()
+
+    class VllmLikeWorker(SamWorkerExtension):
+        def reload_weights(self, *args: Any, **kwargs: Any) -> None:
+            seen.append(("worker", kwargs.get("weights_path"), None))
+
+    worker = NpuLikeWorker()
+    worker.samrollout_reload_weights("/weights/npu")
+    VllmLikeWorker().samrollout_reload_weights("/weights/gpu")
+    return {"seen": seen}
+
+
+def check_error_mapping(model_dir: str) -> dict[str, Any]:
+    """vLLM 0.23's create_error_response on what it raises; ERROR_TYPES covers every class it maps."""
+    from vllm.entrypoints.openai.engine.protocol import GenerationError
+    from vllm.exceptions import VLLMNotFoundError, VLLMValidationError
+
+    from samrollout.server.vllm_serving import ERROR_TYPES, create_error_response
+
+    mapped = {}
+    for error in (VLLMValidationError("bad n", parameter="n"), VLLMNotFoundError("no adapter"),
+                  GenerationError("failed"), ValueError("v"), TypeError("t"), OverflowError("o")):
+        response = create_error_response(error)
+        mapped[type(error).__name__] = {"code": response.error.code, "param": response.error.param,
+                                        "handled": isinstance(error, ERROR_TYPES)}
+    return {"mapped": mapped}
+
+
+CHECKS = {f.__name__.removeprefix("check_"): f for f in (
+    check_layout, check_flags, check_engine_config, check_server, check_stat_logger, check_worker_reload,
+    check_error_mapping)}
+
+
+def main() -> None:
+    model_dir, out = sys.argv[1], Path(sys.argv[2])
+    results: dict[str, Any] = {}
+    for name, check in CHECKS.items():
+        start = time.perf_counter()
+        try:
+            results[name] = {"ok": True, **check(model_dir)}
+        except BaseException:
+            results[name] = {"ok": False, "error": traceback.format_exc()}
+        results[name]["seconds"] = round(time.perf_counter() - start, 2)
+        out.write_text(json.dumps(results, indent=1, default=repr))
+
+
+if __name__ == "__main__":
+    main()
