@@ -2,7 +2,10 @@
 
 ``python deploy/grafana/dashboard.py`` writes ``deploy/grafana/dashboards/samrollout.json``
 (Grafana dashboard JSON, schemaVersion 39), which Grafana loads through the file provider in
-``deploy/grafana/provisioning/dashboards/samrollout.yml``.  ``deploy/render_panels.py`` draws
+``deploy/grafana/provisioning/dashboards/samrollout.yml``, and the same bytes to the Helm
+chart's copy, ``deploy/helm/samrollout/dashboards/samrollout.json`` (Helm reads no file outside
+a chart; the chart ships it in a ConfigMap for Grafana's dashboard sidecar, and
+``tests/test_helm_chart.py`` fails when the copy is stale).  ``deploy/render_panels.py`` draws
 the same `PANELS` to a PNG straight from Prometheus, and the scrape test
 (``tests/test_prometheus_scrape.py``) runs every query of `all_queries` against a real
 Prometheus scraping a real server.
@@ -28,6 +31,7 @@ from typing import Any, Literal
 
 DATASOURCE: dict[str, str] = {"type": "prometheus", "uid": "prometheus"}
 OUTPUT = Path(__file__).resolve().parent / "dashboards" / "samrollout.json"
+HELM_COPY = Path(__file__).resolve().parents[1] / "helm" / "samrollout" / "dashboards" / "samrollout.json"
 DASHBOARD_UID = "samrollout"
 SCHEMA_VERSION = 39
 # Rollouts end minutes apart (one per RL step), so their histograms are read over a fixed,
@@ -298,12 +302,18 @@ def build_dashboard() -> dict[str, Any]:
     }
 
 
+def dashboard_json() -> str:
+    """The dashboard as the exact text written to `OUTPUT` and `HELM_COPY`."""
+    return json.dumps(build_dashboard(), indent=2) + "\n"
+
+
 def main() -> int:
-    """Write the dashboard JSON (to the path given as the one argument, else `OUTPUT`)."""
-    out = Path(sys.argv[1]) if len(sys.argv) > 1 else OUTPUT
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(build_dashboard(), indent=2) + "\n")
-    print(f"wrote {out} ({len(PANELS)} panels, {len(all_queries())} queries)")
+    """Write the dashboard JSON to the paths given as arguments, else to `OUTPUT` and `HELM_COPY`."""
+    text = dashboard_json()
+    for out in [Path(arg) for arg in sys.argv[1:]] or [OUTPUT, HELM_COPY]:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text)
+        print(f"wrote {out} ({len(PANELS)} panels, {len(all_queries())} queries)")
     return 0
 
 

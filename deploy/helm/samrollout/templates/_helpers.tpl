@@ -1,0 +1,176 @@
+{{/*
+The chart name (nameOverride wins).
+*/}}
+{{- define "samrollout.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+The full name, the prefix of every object's name: <release>-<chart> unless the release name
+already holds the chart name; fullnameOverride wins. At most 63 characters (DNS label).
+*/}}
+{{- define "samrollout.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+Chart name and version, for the helm.sh/chart label.
+*/}}
+{{- define "samrollout.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+The standard labels of every object.
+*/}}
+{{- define "samrollout.labels" -}}
+helm.sh/chart: {{ include "samrollout.chart" . }}
+{{ include "samrollout.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/component: rollout-server
+app.kubernetes.io/part-of: samrollout
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{/*
+The labels that select the server's pods (immutable in a Deployment's selector: keep them fixed).
+*/}}
+{{- define "samrollout.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "samrollout.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{/*
+The ServiceAccount the pods run as.
+*/}}
+{{- define "samrollout.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "samrollout.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/*
+The name of the Secret holding the API key, or "" when no key is configured.
+*/}}
+{{- define "samrollout.apiKeySecretName" -}}
+{{- if .Values.apiKey.existingSecret }}
+{{- .Values.apiKey.existingSecret }}
+{{- else if .Values.apiKey.value }}
+{{- printf "%s-api-key" (include "samrollout.fullname" .) }}
+{{- end }}
+{{- end }}
+
+{{/*
+The name of the model volume's PersistentVolumeClaim (chart-created or existing).
+*/}}
+{{- define "samrollout.modelClaimName" -}}
+{{- default (printf "%s-models" (include "samrollout.fullname" .)) .Values.modelVolume.persistentVolumeClaim.existingClaim }}
+{{- end }}
+
+{{/*
+"true" when the model volume is a claim per pod (StatefulSet volumeClaimTemplates), else "".
+*/}}
+{{- define "samrollout.modelClaimPerPod" -}}
+{{- $pvc := .Values.modelVolume.persistentVolumeClaim }}
+{{- if and (eq .Values.modelVolume.type "persistentVolumeClaim") (eq .Values.workload.kind "StatefulSet") (not $pvc.existingClaim) }}true{{- end }}
+{{- end }}
+
+{{/*
+The spec of a chart-created model claim (a PVC's or a volumeClaimTemplate's).
+*/}}
+{{- define "samrollout.modelClaimSpec" -}}
+{{- $pvc := .Values.modelVolume.persistentVolumeClaim -}}
+accessModes:
+{{- toYaml $pvc.accessModes | nindent 0 }}
+{{- if hasKey $pvc "storageClassName" }}
+storageClassName: {{ $pvc.storageClassName | quote }}
+{{- end }}
+resources:
+  requests:
+    storage: {{ $pvc.size | quote }}
+{{- end }}
+
+{{/*
+The container image: repository:tag, or repository@digest.
+*/}}
+{{- define "samrollout.image" -}}
+{{- $backend := index .Values.backends .Values.backend }}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository (default $backend.imageTag .Values.image.tag) }}
+{{- end }}
+{{- end }}
+
+{{/*
+Accelerators each pod requests: acceleratorCount, else server.tensorParallelSize.
+*/}}
+{{- define "samrollout.acceleratorCount" -}}
+{{- if hasKey .Values "acceleratorCount" }}
+{{- int64 .Values.acceleratorCount }}
+{{- else }}
+{{- int64 .Values.server.tensorParallelSize }}
+{{- end }}
+{{- end }}
+
+{{/*
+One server setting as an env var value (a quoted YAML scalar). Helm reads every number in
+the values as a float: whole numbers are written as integers (1048576, not 1.048576e+06),
+lists as JSON (SAMROLLOUT_VLLM_ARGS='["--enable-sleep-mode"]'), booleans as true/false.
+*/}}
+{{- define "samrollout.envValue" -}}
+{{- if kindIs "slice" . }}
+{{- toJson . | toJson }}
+{{- else if kindIs "bool" . }}
+{{- ternary "true" "false" . | quote }}
+{{- else if and (kindIs "float64" .) (eq . (floor .)) }}
+{{- int64 . | toString | quote }}
+{{- else }}
+{{- toString . | toJson }}
+{{- end }}
+{{- end }}
+
+{{/*
+Seconds Kubernetes waits after SIGTERM: terminationGracePeriodSeconds, else the server's
+shutdown timeout (default 30 s) plus 30 s for the engine to stop.
+*/}}
+{{- define "samrollout.terminationGracePeriodSeconds" -}}
+{{- if hasKey .Values "terminationGracePeriodSeconds" }}
+{{- int64 .Values.terminationGracePeriodSeconds }}
+{{- else }}
+{{- add (ceil (index .Values.server "shutdownTimeout" | default 30)) 30 }}
+{{- end }}
+{{- end }}
+
+{{/*
+An IntOrString value (PodDisruptionBudget): a whole number as an integer, else a quoted string ("50%").
+*/}}
+{{- define "samrollout.intOrString" -}}
+{{- if kindIs "string" . }}
+{{- . | quote }}
+{{- else }}
+{{- int64 . }}
+{{- end }}
+{{- end }}
+
+{{/*
+A map of labels as k=v,k=v (for NOTES.txt).
+*/}}
+{{- define "samrollout.inlineLabels" -}}
+{{- $pairs := list }}
+{{- range $key, $value := . }}
+{{- $pairs = append $pairs (printf "%s=%v" $key $value) }}
+{{- end }}
+{{- join "," $pairs }}
+{{- end }}
