@@ -5,7 +5,10 @@
 Every mode runs in its own process on the same prompts (greedy: on vLLM's CPU backend
 SAM drafts only for greedy requests, see README): decode throughput at several batch
 sizes, then a rollout-shaped workload whose max_tokens are heavy-tailed, reporting its
-makespan and the time spent in the tail (at most --tail requests running).  With
+makespan and the time spent in the tail (at most --tail requests running).  Requests for
+the same prompt carry one group id, as the trainer client sends GRPO siblings (--no-groups:
+none); with greedy decoding such siblings are identical, the best case for drafting across
+them (and for vLLM's suffix method, whose global cache holds earlier responses).  With
 --repeats N the modes run N rounds, interleaved (off, sam, ..., off, sam, ...), so slow
 drift of the machine hits every mode alike; the table shows the median and the range.
 The adaptive mode also reports what its gate measured per batch-size bucket.
@@ -76,6 +79,13 @@ def _spec_counts(llm: Any) -> dict[str, float]:
                           "vllm:spec_decode_num_draft_tokens")}
 
 
+def _group(index: int, prompts: int, args: argparse.Namespace) -> dict[str, Any] | None:
+    """Requests for the same prompt share a group id (as the trainer client sets for GRPO siblings)."""
+    from samrollout.config import GROUP_FIELD
+
+    return {GROUP_FIELD: f"prompt-{index % prompts}"} if args.groups else None
+
+
 def run_mode(mode: str, args: argparse.Namespace) -> dict[str, Any]:
     """Everything measured for one mode (runs inside its own process)."""
     import numpy as np
@@ -88,8 +98,10 @@ def run_mode(mode: str, args: argparse.Namespace) -> dict[str, Any]:
     for batch in args.batch_sizes:
         before = _spec_counts(llm)
         convs = [chats[i % len(chats)] for i in range(batch)]
+        params = [SamplingParams(temperature=0, max_tokens=args.max_tokens, extra_args=_group(i, len(chats), args))
+                  for i in range(batch)]
         start = time.perf_counter()
-        results = llm.chat(convs, SamplingParams(temperature=0, max_tokens=args.max_tokens), use_tqdm=False)
+        results = llm.chat(convs, params, use_tqdm=False)
         seconds = time.perf_counter() - start
         tokens = sum(len(r.outputs[0].token_ids) for r in results)
         after = _spec_counts(llm)
@@ -105,7 +117,8 @@ def run_mode(mode: str, args: argparse.Namespace) -> dict[str, Any]:
     rng = np.random.default_rng(0)
     lengths = np.minimum((rng.pareto(1.2, size=args.rollout) + 1) * 24, args.rollout_max).astype(int).tolist()
     convs = [chats[i % len(chats)] for i in range(args.rollout)]
-    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in lengths]
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True, extra_args=_group(i, len(chats), args))
+              for i, n in enumerate(lengths)]
     start = time.perf_counter()
     finished: list[float] = []
     for i, conv in enumerate(convs):
@@ -138,6 +151,8 @@ def main() -> None:
     parser.add_argument("--threshold", type=int, default=8)
     parser.add_argument("--batch-sizes", type=lambda s: [int(x) for x in s.split(",")], default=[1, 4, 16, 64])
     parser.add_argument("--repeats", type=int, default=1, help="rounds over all modes (median reported)")
+    parser.add_argument("--groups", action=argparse.BooleanOptionalAction, default=True,
+                        help="requests for the same prompt carry one group id (SAM drafts across them)")
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--rollout", type=int, default=32, help="requests in the rollout workload")
     parser.add_argument("--rollout-max", type=int, default=768, help="cap of the heavy-tailed max_tokens")

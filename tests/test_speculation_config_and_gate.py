@@ -46,7 +46,7 @@ def test_static_gate_drafts_only_in_the_tail():
 
 
 def test_adaptive_gate_turns_speculation_off_where_verification_costs_more_than_it_gains():
-    gate = AdaptiveGate(threshold=8, explore_every=10_000)
+    gate = AdaptiveGate(threshold=8, explore_every=10_000, explore_decided=10_000)
     # Small batches: a drafted step costs 1.2x a plain one and yields 2 tokens per request -> pays.
     # Big batches: a drafted step costs 3x a plain one and still yields 2 tokens per request -> does not.
     for _ in range(20):
@@ -61,7 +61,7 @@ def test_adaptive_gate_turns_speculation_off_where_verification_costs_more_than_
 
 def test_adaptive_gate_counts_requests_without_drafts_against_speculation():
     """High acceptance on the few requests that have drafts does not pay for verifying a big batch."""
-    gate = AdaptiveGate(threshold=8, explore_every=10_000)
+    gate = AdaptiveGate(threshold=8, explore_every=10_000, explore_decided=10_000)
     for _ in range(20):
         # 32 running, 4 of them drafted and accepted all 3 tokens: 44 tokens in a step 1.5x as long.
         gate.observe_step(32, drafted=True, seconds=0.045, tokens=32 + 4 * 3)
@@ -70,7 +70,7 @@ def test_adaptive_gate_counts_requests_without_drafts_against_speculation():
 
 
 def test_adaptive_gate_explores_the_losing_arm_so_it_notices_when_the_cost_changes():
-    gate = AdaptiveGate(threshold=8, explore_every=4)
+    gate = AdaptiveGate(threshold=8, explore_every=4, explore_decided=4)
     decisions = [gate.allow_step(64) for _ in range(16)]
     assert decisions.count(True) == 4  # the static rule says no at 64; every 4th step tries drafting
     for _ in range(10):  # drafting turns out cheap at this size

@@ -78,8 +78,9 @@ class AdaptiveGate(Gate):
     token, and the verification cost on this hardware at this batch size, so it needs no
     cost model.  Steps that also prefilled a new request are left out (their time is not
     decode time).  Each arm needs ``min_samples`` steps before it counts; until then the
-    static threshold decides, and every ``explore_every`` steps the other arm is tried,
-    so the estimate keeps following the workload.  Per request: one whose acceptance rate
+    static threshold decides and the other arm is tried every ``explore_every`` steps;
+    once both are measured, the losing arm is still tried every ``explore_decided`` steps,
+    so the estimate keeps following the workload at a small cost.  Per request: one whose acceptance rate
     stays under ``min_request_acceptance`` after ``min_request_drafts`` drafted tokens gets
     no drafts for ``mute_steps`` steps, then is tried again.
     """
@@ -88,6 +89,7 @@ class AdaptiveGate(Gate):
     alpha: float = 0.1
     min_samples: int = 3
     explore_every: int = 16
+    explore_decided: int = 64
     min_request_acceptance: float = 0.1
     min_request_drafts: int = 24
     mute_steps: int = 64
@@ -129,7 +131,8 @@ class AdaptiveGate(Gate):
         self._step += 1
         verdict = self.speculation_pays(running)
         choice = running <= self.threshold if verdict is None else verdict
-        if self._step % self.explore_every == 0:
+        explore = self.explore_every if verdict is None else self.explore_decided
+        if self._step % explore == 0:
             return not choice
         return choice
 
