@@ -32,6 +32,9 @@ MODES: dict[str, dict[str, Any] | None] = {
     "sam-static": {"method": "sam", "threshold_mode": "static"},
     "sam-adaptive": {"method": "sam", "threshold_mode": "adaptive"},
     "sam-always": {"method": "sam", "threshold_mode": "off"},
+    # Precision over recall: matches shorter than 4 (2) tokens propose nothing (DraftPolicy.min_match_length).
+    "sam-static-m4": {"method": "sam", "threshold_mode": "static", "min_match_length": 4},
+    "sam-static-m2": {"method": "sam", "threshold_mode": "static", "min_match_length": 2},
     "ngram": {"method": "ngram"},
     "suffix": {"method": "suffix"},
 }
@@ -63,7 +66,10 @@ def _engine_args(mode: str, k: int, threshold: int) -> dict[str, Any]:
     if setting["method"] == "suffix":  # vLLM's SuffixDecoding (arctic-inference), its defaults
         return engine_kwargs(model, None, speculative_config={"method": "suffix", "num_speculative_tokens": k},
                              **base)
-    config = SpeculationConfig(k=k, threshold_mode=setting["threshold_mode"], threshold=threshold)
+    from samrollout.drafter import DraftPolicy
+
+    policy = DraftPolicy(min_match_length=setting.get("min_match_length", 1))
+    config = SpeculationConfig(k=k, threshold_mode=setting["threshold_mode"], threshold=threshold, policy=policy)
     return engine_kwargs(model, config, **base)
 
 
