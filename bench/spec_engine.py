@@ -23,6 +23,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from statistics import median
 from typing import Any
 
 os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # collective_rpc(proposer_stats)
@@ -190,19 +191,13 @@ def main() -> None:
         write_plot(results, args.plot, args.tail)
 
 
-def _median(values: list[float]) -> float:
-    ordered = sorted(values)
-    middle = len(ordered) // 2
-    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
-
-
 def summarise(mode: str, mode_runs: list[dict[str, Any]]) -> dict[str, Any]:
     """Median (and min, max) of each figure over the repeats of one mode; the runs themselves kept."""
     batches = []
     for index, first in enumerate(mode_runs[0]["batches"]):
         rows = [run["batches"][index] for run in mode_runs]
         batches.append({"batch": first["batch"],
-                        **{key: _median([row[key] for row in rows])
+                        **{key: median([row[key] for row in rows])
                            for key in ("tokens_per_s", "mean_acceptance_length", "acceptance_rate")},
                         "tokens_per_s_range": [min(r["tokens_per_s"] for r in rows),
                                                max(r["tokens_per_s"] for r in rows)]})
@@ -210,11 +205,11 @@ def summarise(mode: str, mode_runs: list[dict[str, Any]]) -> dict[str, Any]:
     tails = [run["rollout"]["tail_s"] for run in mode_runs]
     summary: dict[str, Any] = {
         "mode": mode, "repeats": len(mode_runs), "batches": batches,
-        "rollout": {"makespan_s": _median(makespans), "makespan_range_s": [min(makespans), max(makespans)],
-                    "tail_s": _median(tails), "tail_range_s": [min(tails), max(tails)]},
+        "rollout": {"makespan_s": median(makespans), "makespan_range_s": [min(makespans), max(makespans)],
+                    "tail_s": median(tails), "tail_range_s": [min(tails), max(tails)]},
         "runs": mode_runs}
     if "drafter_us_per_step" in mode_runs[0]:
-        summary["drafter_us_per_step"] = _median([run["drafter_us_per_step"] for run in mode_runs])
+        summary["drafter_us_per_step"] = median([run["drafter_us_per_step"] for run in mode_runs])
     return summary
 
 

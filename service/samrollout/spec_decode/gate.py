@@ -36,6 +36,10 @@ class Gate:
     def forget(self, request_ids: Iterable[str]) -> None:
         """Drop state of requests that left the engine."""
 
+    def summary(self) -> dict[str, dict[str, float]]:
+        """What the gate has measured, per batch-size bucket (nothing for gates that measure nothing)."""
+        return {}
+
 
 class StaticGate(Gate):
     """The published rule: draft while at most ``threshold`` requests run."""
@@ -80,9 +84,9 @@ class AdaptiveGate(Gate):
     decode time).  Each arm needs ``min_samples`` steps before it counts; until then the
     static threshold decides and the other arm is tried every ``explore_every`` steps;
     once both are measured, the losing arm is still tried every ``explore_decided`` steps,
-    so the estimate keeps following the workload at a small cost.  Per request: one whose acceptance rate
-    stays under ``min_request_acceptance`` after ``min_request_drafts`` drafted tokens gets
-    no drafts for ``mute_steps`` steps, then is tried again.
+    so the estimate keeps following the workload at a small cost.  Per request: one whose
+    acceptance rate stays under ``min_request_acceptance`` after ``min_request_drafts``
+    drafted tokens gets no drafts for ``mute_steps`` steps, then is tried again.
     """
 
     threshold: int = 8
@@ -123,7 +127,7 @@ class AdaptiveGate(Gate):
         for b in sorted(set(self._on) | set(self._off)):
             on, off = self._on.get(b, _Ema()), self._off.get(b, _Ema())
             table[f"<={1 << b}"] = {"on_tokens_per_s": on.value, "off_tokens_per_s": off.value,
-                                                  "on_steps": on.count, "off_steps": off.count}
+                                    "on_steps": on.count, "off_steps": off.count}
         return table
 
     def allow_step(self, running: int) -> bool:

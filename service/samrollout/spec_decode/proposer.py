@@ -20,7 +20,7 @@ import numpy as np
 
 from samrollout.config import ADDITIONAL_CONFIG_KEY, GROUP_FIELD, SpeculationConfig
 from samrollout.drafter import SamDrafter
-from samrollout.spec_decode.gate import AdaptiveGate, Gate, make_gate
+from samrollout.spec_decode.gate import Gate, make_gate
 
 # Upper bounds (seconds) of the proposer's step-time histogram, exported as samrollout_drafter_step_seconds.
 STEP_SECONDS_BUCKETS = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2)
@@ -74,7 +74,6 @@ class SamProposer:
         self._indexed: dict[str, int] = {}       # tokens each request's automaton holds
         self._last_draft: dict[str, int] = {}    # length of each request's previous draft
         self._last_call: float | None = None
-        self._last_drafted = False
         # Counters for metrics and tests: what we proposed, what came back accepted.
         self.steps = 0
         self.draft_tokens = 0
@@ -100,7 +99,7 @@ class SamProposer:
                 "propose_seconds": self.propose_seconds, "step_seconds_counts": list(self.step_seconds_counts),
                 "last_step_drafted": self.last_step_drafted, "k": self.k, "threshold": self.config.threshold,
                 "threshold_mode": self.config.threshold_mode,
-                "gate": self.gate.summary() if isinstance(self.gate, AdaptiveGate) else {}}
+                "gate": self.gate.summary()}
 
     def load_model(self, *args: Any, **kwargs: Any) -> None:
         """No model: the drafter is model-free."""
@@ -143,7 +142,7 @@ class SamProposer:
 
         if self._last_call is not None and not prefilled:
             produced = sum(len(sampled) for sampled in sampled_token_ids)
-            self.gate.observe_step(running, self._last_drafted, now - self._last_call, produced)
+            self.gate.observe_step(running, self.last_step_drafted, now - self._last_call, produced)
 
         drafts: list[list[int]] = [[] for _ in range(rows)]
         step_allowed = bool(ids) and self.gate.allow_step(running)
@@ -163,7 +162,6 @@ class SamProposer:
             self.draft_tokens += len(drafts[i])
         self.steps += 1
         self.last_step_drafted = any(drafts)
-        self._last_drafted = self.last_step_drafted
         self._last_call = time.perf_counter()
         elapsed = self._last_call - now
         self.propose_seconds += elapsed
