@@ -74,10 +74,11 @@ def test_group_match_is_the_longest_anywhere_in_the_group_and_drafts_continue_it
     for member, piece in script:
         if member not in active:
             continue
-        if not piece and len(active) > 1:  # an empty piece finishes the member; its text stays in the group
-            drafter.remove_request(member)
-            active.discard(member)
-            continue
+        if not piece:  # an empty piece finishes the member (its text stays in the group), except the last one
+            if len(active) > 1:
+                drafter.remove_request(member)
+                active.discard(member)
+            continue  # appending nothing is no step: matches refresh when a member appends tokens
         drafter.append(member, piece)
         responses[member] += piece
         # A member's match is refreshed when it appends (siblings' later text is seen at its next step).
