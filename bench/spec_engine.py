@@ -33,9 +33,11 @@ MODES: dict[str, dict[str, Any] | None] = {
     "sam-static": {"method": "sam", "threshold_mode": "static"},
     "sam-adaptive": {"method": "sam", "threshold_mode": "adaptive"},
     "sam-always": {"method": "sam", "threshold_mode": "off"},
-    # Precision over recall: matches shorter than 4 (2) tokens propose nothing (DraftPolicy.min_match_length).
-    "sam-static-m4": {"method": "sam", "threshold_mode": "static", "min_match_length": 4},
+    # DraftPolicy.min_match_length: the sam-* modes above use the default, "auto" (2 on CPU, 1 on
+    # GPUs/NPUs); these fix it: matches shorter than 1 (2, 4) tokens propose nothing.
+    "sam-static-m1": {"method": "sam", "threshold_mode": "static", "min_match_length": 1},
     "sam-static-m2": {"method": "sam", "threshold_mode": "static", "min_match_length": 2},
+    "sam-static-m4": {"method": "sam", "threshold_mode": "static", "min_match_length": 4},
     "ngram": {"method": "ngram"},
     "suffix": {"method": "suffix"},
 }
@@ -69,7 +71,7 @@ def _engine_args(mode: str, k: int, threshold: int) -> dict[str, Any]:
                              **base)
     from samrollout.drafter import DraftPolicy
 
-    policy = DraftPolicy(min_match_length=setting.get("min_match_length", 1))
+    policy = DraftPolicy(min_match_length=setting.get("min_match_length", "auto"))
     config = SpeculationConfig(k=k, threshold_mode=setting["threshold_mode"], threshold=threshold, policy=policy)
     return engine_kwargs(model, config, **base)
 

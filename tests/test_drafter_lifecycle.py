@@ -131,11 +131,24 @@ def test_native_step_rejects_inconsistent_arrays():
         {"match_scale": float("nan")},
         {"max_request_tokens": 0},
         {"max_group_tokens": 2**31},
+        {"min_match_length": 2.5},
+        {"min_match_length": True},
+        {"min_match_length": "sometimes"},
+        {"group_margin": "4"},
+        {"match_scale": "0.5"},
     ],
 )
 def test_invalid_policy_is_rejected_at_construction(policy):
     with pytest.raises(ValueError):
         DraftPolicy(**policy)
+
+
+def test_auto_min_match_length_is_settled_by_the_hardware_that_verifies_drafts():
+    assert DraftPolicy().min_match_length == "auto"
+    assert DraftPolicy().for_hardware(on_cpu=True).min_match_length == 2
+    assert DraftPolicy().for_hardware(on_cpu=False).min_match_length == 1
+    assert DraftPolicy(min_match_length=3).for_hardware(on_cpu=True).min_match_length == 3  # explicit values stay
+    assert SamDrafter(VOCAB).policy.min_match_length == 1  # no engine: the accelerator value
 
 
 def test_threads_sharing_one_drafter_get_the_same_drafts_as_one_thread():

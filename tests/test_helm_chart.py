@@ -306,6 +306,8 @@ def _sample(prop: dict[str, Any]) -> Any:
         return 0.5
     if "array" in types:
         return ["--enforce-eager"]
+    if "object" in types:
+        return {"min_match_length": 2, "source": "own"}
     return "/models/sample-7b"
 
 

@@ -145,3 +145,29 @@ def test_served_weight_version_is_exported(tiny_server: ServerProcess) -> None:
     samples = scrape(tiny_server)
     versions = [k for k in samples if k.startswith("samrollout_weight_version_info")]
     assert versions == [f'samrollout_weight_version_info{{version="{version}"}}']
+
+
+def test_static_threshold_comes_from_vllms_batch_size_schedule_and_drafts_only_in_the_tail(
+        tiny_server: ServerProcess) -> None:
+    lengths = [12] * 14 + [96, 96]  # 16 running at first (no drafts), then a tail of 2 (drafts)
+
+    async def burst() -> None:
+        async with httpx.AsyncClient(base_url=tiny_server.url, headers=AUTH, timeout=300) as client:
+            await client.post("/admin/pause", json={"mode": "keep"})  # all 16 in flight before any runs
+            try:
+                tasks = [asyncio.create_task(client.post("/v1/completions", json={
+                    "model": "tiny", "prompt": f"tail {i} tail {i} tail {i} tail", "max_tokens": n,
+                    "temperature": 0, "ignore_eos": True})) for i, n in enumerate(lengths)]
+                while (await client.get("/admin/status")).json()["in_flight_requests"] < len(lengths):
+                    await asyncio.sleep(0.05)
+            finally:
+                await client.post("/admin/resume")
+            assert all(reply.status_code == 200 for reply in await asyncio.gather(*tasks))
+
+    asyncio.run(burst())
+    drafter = httpx.get(f"{tiny_server.url}/admin/status", headers=AUTH, timeout=30).json()["drafter"]
+    assert drafter["threshold_mode"] == "static" and drafter["threshold_from_vllm_schedule"] is True
+    steps = {int(size): n for size, n in drafter["steps_by_batch_size"].items()}
+    drafting = {int(size): n for size, n in drafter["drafting_steps_by_batch_size"].items()}
+    assert max(steps) > drafter["threshold"]  # the big batch ran ...
+    assert drafting and max(drafting) <= drafter["threshold"]  # ... without drafts; the tail drafted

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 from samrollout.config import SpeculationConfig
@@ -9,6 +11,7 @@ from samrollout.drafter import DraftPolicy
 from samrollout.engine import PROPOSER_CLASS, engine_kwargs
 from samrollout.spec_decode.gate import AdaptiveGate, Gate, StaticGate, make_gate
 from samrollout.spec_decode.proposer import group_of
+from samrollout.spec_decode.schedule import dense_schedule
 
 
 def test_config_round_trips_through_vllm_additional_config():
@@ -16,7 +19,8 @@ def test_config_round_trips_through_vllm_additional_config():
                                policy=DraftPolicy(occurrence="first", min_match_length=2))
     kwargs = engine_kwargs("model-dir", config, max_model_len=1024)
     assert kwargs["speculative_config"] == {"method": "custom_class", "model": PROPOSER_CLASS,
-                                            "num_speculative_tokens": 4}
+                                            "num_speculative_tokens": 4,
+                                            "num_speculative_tokens_per_batch_size": [[1, 16, 4], [17, 17, 0]]}
     assert SpeculationConfig.from_json(kwargs["additional_config"]["samrollout"]) == config
     assert kwargs["max_model_len"] == 1024
     assert "speculative_config" not in engine_kwargs("model-dir", None)
@@ -43,6 +47,32 @@ def test_static_gate_drafts_only_in_the_tail():
     assert not gate.allow_step(9)
     assert isinstance(make_gate(SpeculationConfig(threshold_mode="static")), StaticGate)
     assert type(make_gate(SpeculationConfig(threshold_mode="off"))) is Gate
+
+
+def test_static_threshold_is_vllms_batch_size_schedule_where_vllm_has_one():
+    from vllm.config import SpeculativeConfig
+    from vllm.v1.spec_decode.dynamic.utils import validate_and_normalize_dynamic_sd_schedule
+
+    spec = engine_kwargs("m", SpeculationConfig(k=3, threshold_mode="static", threshold=8))["speculative_config"]
+    schedule = spec["num_speculative_tokens_per_batch_size"]
+    assert "num_speculative_tokens_per_batch_size" in SpeculativeConfig.__dataclass_fields__  # vLLM 0.32
+    validate_and_normalize_dynamic_sd_schedule(schedule)  # vLLM's own check passes
+    engine = SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=3, **{
+        "num_speculative_tokens_per_batch_size": schedule}), scheduler_config=SimpleNamespace(max_num_seqs=64))
+    lookup = dense_schedule(engine)  # expanded by vLLM's scheduler function
+    assert lookup is not None and lookup[1:9] == [3] * 8 and set(lookup[9:]) == {0} and len(lookup) == 65
+    gate = make_gate(SpeculationConfig(threshold_mode="static", threshold=8), lookup)
+    assert [gate.allow_step(n) for n in (1, 8, 9, 64, 500)] == [True, True, False, False, False]
+    assert gate.draft_limit(4, 3) == 3
+    for mode in ("off", "adaptive"):  # the schedule is the static rule only
+        assert "num_speculative_tokens_per_batch_size" not in engine_kwargs(
+            "m", SpeculationConfig(threshold_mode=mode))["speculative_config"]
+
+
+def test_a_schedule_can_shorten_drafts_per_batch_size():
+    gate = StaticGate(8, schedule=[0, 3, 3, 2, 2, 1, 0])
+    assert [gate.draft_limit(n, 3) for n in (1, 3, 5, 6, 100)] == [3, 2, 1, 0, 0]
+    assert gate.allow_step(5) and not gate.allow_step(6)
 
 
 def test_adaptive_gate_turns_speculation_off_where_verification_costs_more_than_it_gains():

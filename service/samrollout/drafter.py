@@ -8,7 +8,7 @@ only the id-to-handle maps: every per-token loop runs in C++ with the GIL releas
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal
 
 import numpy as np
@@ -21,6 +21,9 @@ Occurrence = Literal["first", "recent"]
 Source = Literal["own", "group", "both"]
 _OCCURRENCES: tuple[Occurrence, ...] = ("first", "recent")
 _SOURCES: tuple[Source, ...] = ("own", "group", "both")
+# What min_match_length="auto" becomes (see DraftPolicy): verifying drafts is compute-bound on CPUs.
+CPU_MIN_MATCH_LENGTH = 2
+ACCELERATOR_MIN_MATCH_LENGTH = 1
 
 
 @dataclass(frozen=True)
@@ -30,9 +33,14 @@ class DraftPolicy:
     - ``occurrence``: which earlier occurrence of the matched suffix supplies the draft.
       "recent" (the latest occurrence at which that suffix was the longest match) beat
       "first" on the traces: reasoning loops repeat their latest variant.
-    - ``min_match_length``: matches shorter than this propose nothing (1: under the greedy
-      oracle every extra draft can only add accepted tokens; raise it where verifying
-      rejected drafts costs compute, e.g. 2 lifts the acceptance rate from 0.46 to 0.52).
+    - ``min_match_length``: matches shorter than this propose nothing.  1 drafts most and
+      has the highest MAL (2.22 on the bundled traces); 2 trades a little MAL (2.06) for a
+      higher acceptance rate (0.56 vs 0.46), which pays where verifying a rejected draft
+      costs real compute.  "auto" (default) picks by the hardware the engine runs on, from
+      ``bench/results/verify-cost-*.json``: 2 on CPU (3 drafts cost 1.5-2x a plain step;
+      measured in the engine: rollout makespan -9% against 1), 1 on GPUs and NPUs (3 drafts
+      cost about 1.05x; projected 2.08x against 1.97x for 2).  Outside an engine (replay,
+      a bare `SamDrafter`) "auto" means 1.
     - ``match_scale``: when > 0, a match of length L drafts at most max(1, floor(scale * L))
       tokens (still capped by k); 0 (measured best for MAL) drafts the full k whenever the
       match is long enough.
@@ -45,7 +53,7 @@ class DraftPolicy:
     """
 
     occurrence: Occurrence = "recent"
-    min_match_length: int = 1
+    min_match_length: int | Literal["auto"] = "auto"
     match_scale: float = 0.0
     source: Source = "both"
     group_margin: int = 4
@@ -57,20 +65,30 @@ class DraftPolicy:
             raise ValueError(f"occurrence must be one of {_OCCURRENCES}, got {self.occurrence!r}")
         if self.source not in _SOURCES:
             raise ValueError(f"source must be one of {_SOURCES}, got {self.source!r}")
-        if isinstance(self.min_match_length, bool) or int(self.min_match_length) < 1:
-            raise ValueError(f"min_match_length must be an integer >= 1, got {self.min_match_length!r}")
-        if isinstance(self.group_margin, bool) or int(self.group_margin) < 0:
-            raise ValueError(f"group_margin must be an integer >= 0, got {self.group_margin!r}")
-        if not np.isfinite(self.match_scale) or self.match_scale < 0:
+        if self.min_match_length != "auto":
+            _check_int("min_match_length", self.min_match_length, 1, 1 << 30)
+        _check_int("group_margin", self.group_margin, 0, 1 << 30)
+        if isinstance(self.match_scale, bool) or not isinstance(self.match_scale, (int, float, np.number)) \
+                or not np.isfinite(self.match_scale) or self.match_scale < 0:
             raise ValueError(f"match_scale must be a finite number >= 0, got {self.match_scale!r}")
-        for name in ("max_request_tokens", "max_group_tokens"):
-            value = getattr(self, name)
-            if int(value) < 1 or int(value) > 1 << 30:
-                raise ValueError(f"{name} must be between 1 and 2**30, got {value!r}")
+        _check_int("max_request_tokens", self.max_request_tokens, 1, 1 << 30)
+        _check_int("max_group_tokens", self.max_group_tokens, 1, 1 << 30)
 
     def as_dict(self) -> dict[str, Any]:
         """The policy as plain data (for JSON reports and configs)."""
         return asdict(self)
+
+    def for_hardware(self, on_cpu: bool) -> DraftPolicy:
+        """This policy with "auto" settled for the hardware that verifies the drafts."""
+        if self.min_match_length != "auto":
+            return self
+        return replace(self, min_match_length=CPU_MIN_MATCH_LENGTH if on_cpu else ACCELERATOR_MIN_MATCH_LENGTH)
+
+
+def _check_int(name: str, value: Any, low: int, high: int) -> None:
+    """Raise ValueError unless ``value`` is an integer (not a bool or float) in [low, high]."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not low <= value <= high:
+        raise ValueError(f"{name} must be an integer between {low} and {high}, got {value!r}")
 
 
 class SamDrafter:
@@ -83,7 +101,7 @@ class SamDrafter:
     """
 
     def __init__(self, vocab_size: int, policy: DraftPolicy | None = None) -> None:
-        self.policy = policy or DraftPolicy()
+        self.policy = (policy or DraftPolicy()).for_hardware(on_cpu=False)
         if isinstance(vocab_size, bool) or int(vocab_size) < 1:
             raise ValueError(f"vocab_size must be a positive integer, got {vocab_size!r}")
         self.vocab_size = int(vocab_size)

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from samrollout.config import ADDITIONAL_CONFIG_KEY, SpeculationConfig
+from samrollout.spec_decode.schedule import SCHEDULE_FIELD, threshold_schedule, vllm_has_batch_size_schedule
 
 PROPOSER_CLASS = "samrollout.spec_decode.proposer.SamProposer"
 
@@ -21,16 +22,22 @@ def engine_kwargs(model: str, speculation: SpeculationConfig | None = None, **ov
     """vLLM engine arguments for ``model``; ``speculation=None`` turns SAM off."""
     kwargs: dict[str, Any] = {"model": model}
     if speculation is not None:
-        kwargs["speculative_config"] = {
-            "method": "custom_class",
-            "model": PROPOSER_CLASS,
-            "num_speculative_tokens": speculation.k,
-        }
+        kwargs["speculative_config"] = vllm_speculative_config(speculation)
         additional = dict(overrides.pop("additional_config", None) or {})
         additional[ADDITIONAL_CONFIG_KEY] = speculation.to_json()
         kwargs["additional_config"] = additional
     kwargs.update(overrides)
     return kwargs
+
+
+def vllm_speculative_config(speculation: SpeculationConfig) -> dict[str, Any]:
+    """vLLM's ``speculative_config`` for SAM: our proposer class and k; with the static
+    threshold, also the threshold as vLLM's batch-size schedule where vLLM has one."""
+    config: dict[str, Any] = {"method": "custom_class", "model": PROPOSER_CLASS,
+                              "num_speculative_tokens": speculation.k}
+    if speculation.threshold_mode == "static" and vllm_has_batch_size_schedule():
+        config[SCHEDULE_FIELD] = threshold_schedule(speculation.k, speculation.threshold)
+    return config
 
 
 def build_llm(model: str, speculation: SpeculationConfig | None = None, **overrides: Any) -> Any:

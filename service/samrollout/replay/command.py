@@ -39,10 +39,21 @@ def add_replay_parser(commands: Any) -> None:
     policy = p.add_argument_group("SAM draft policy (sam, sam-group)")
     defaults = DraftPolicy()
     policy.add_argument("--occurrence", choices=["first", "recent"], default=defaults.occurrence)
-    policy.add_argument("--min-match", type=int, default=defaults.min_match_length)
+    policy.add_argument("--min-match", type=_min_match, default=defaults.min_match_length,
+                        help='shortest match that drafts, or "auto" (1 outside an engine)')
     policy.add_argument("--match-scale", type=float, default=defaults.match_scale)
     policy.add_argument("--source", choices=["own", "group", "both"], default=defaults.source)
     p.set_defaults(run=run)
+
+
+def _min_match(text: str) -> int | str:
+    """``--min-match`` value: a positive integer or "auto"."""
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer or 'auto', got {text!r}") from None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -50,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         groups = load_traces(args.traces, args.tokenizer, args.max_groups)
         policy = DraftPolicy(occurrence=args.occurrence, min_match_length=args.min_match,
-                             match_scale=args.match_scale, source=args.source)
+                             match_scale=args.match_scale, source=args.source).for_hardware(on_cpu=False)
     except (TraceError, ValueError) as error:
         print(f"samrollout replay: {error}", file=sys.stderr)
         return 2

@@ -9,16 +9,19 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import fields
 from typing import Any, Literal
 
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from samrollout.config import ADDITIONAL_CONFIG_KEY, SpeculationConfig, ThresholdMode
-from samrollout.engine import PROPOSER_CLASS
+from samrollout.drafter import DraftPolicy
+from samrollout.engine import vllm_speculative_config
 from samrollout.spec_decode.worker_extension import WORKER_EXTENSION_CLASS
 
 BUILTIN_MODEL_NAME = "smollm2-135m-instruct"
+_POLICY_FIELDS = tuple(field.name for field in fields(DraftPolicy))
 LogLevel = Literal["debug", "info", "warning", "error"]
 
 
@@ -38,6 +41,9 @@ class ServerSettings(BaseSettings):
     threshold_mode: ThresholdMode = Field("adaptive", description="off | static | adaptive")
     threshold: int = Field(8, ge=1, description="running requests at or below which drafting runs")
     group_drafting: bool = Field(True, description="siblings of one group draft from a shared automaton")
+    draft_policy: dict[str, Any] = Field(
+        default_factory=dict, description='DraftPolicy fields as a JSON object, e.g. {"min_match_length": 2}; '
+        "fields left out keep their defaults")
     max_model_len: int | None = Field(None, ge=16, description="context length (default: the model's)")
     gpu_memory_utilization: float | None = Field(
         None, gt=0.0, le=1.0, description="accelerator memory fraction (default 0.9; 0.3 on CPU)")
@@ -62,12 +68,18 @@ class ServerSettings(BaseSettings):
     def _lower_log_level(cls, value: Any) -> Any:
         return value.lower() if isinstance(value, str) else value
 
+    @field_validator("draft_policy")
+    @classmethod
+    def _valid_draft_policy(cls, value: dict[str, Any]) -> dict[str, Any]:
+        draft_policy(value)  # raises ValueError naming the bad field
+        return value
+
     def speculation_config(self) -> SpeculationConfig | None:
         """The shared speculation config (None when speculation is off); raises ValueError if invalid."""
         if not self.speculation:
             return None
         return SpeculationConfig(k=self.k, threshold_mode=self.threshold_mode, threshold=self.threshold,
-                                 group_drafting=self.group_drafting)
+                                 group_drafting=self.group_drafting, policy=draft_policy(self.draft_policy))
 
     def vllm_argv(self, model_path: str, on_cpu: bool, per_request_metrics_flags: bool = True) -> list[str]:
         """vLLM server flags for this configuration (parsed by vLLM's own argument parser).
@@ -93,8 +105,7 @@ class ServerSettings(BaseSettings):
         if self.max_num_seqs is not None:
             argv += ["--max-num-seqs", str(self.max_num_seqs)]
         if speculation is not None:
-            argv += ["--speculative-config", json.dumps({"method": "custom_class", "model": PROPOSER_CLASS,
-                                                         "num_speculative_tokens": speculation.k}),
+            argv += ["--speculative-config", json.dumps(vllm_speculative_config(speculation)),
                      "--additional-config", json.dumps({ADDITIONAL_CONFIG_KEY: speculation.to_json()})]
         return argv + list(self.vllm_args)
 
@@ -116,6 +127,7 @@ _FLAGS: dict[str, dict[str, Any]] = {
     "threshold_mode": {"choices": ["off", "static", "adaptive"]},
     "threshold": {"type": int},
     "group_drafting": {"action": argparse.BooleanOptionalAction},
+    "draft_policy": {"type": lambda text: json_object(text, "--draft-policy"), "metavar": "JSON"},
     "max_model_len": {"type": int},
     "gpu_memory_utilization": {"type": float},
     "tensor_parallel_size": {"type": int},
@@ -132,12 +144,31 @@ _FLAGS: dict[str, dict[str, Any]] = {
 }
 
 
+def draft_policy(values: dict[str, Any]) -> DraftPolicy:
+    """The `DraftPolicy` a ``--draft-policy`` object describes; unknown or invalid fields raise ValueError."""
+    unknown = sorted(set(values) - set(_POLICY_FIELDS))
+    if unknown:
+        raise ValueError(f"unknown draft policy fields {unknown}; known: {list(_POLICY_FIELDS)}")
+    return DraftPolicy(**values)
+
+
+def json_object(text: str, flag: str) -> dict[str, Any]:
+    """A flag's JSON object value; anything else is an argparse error naming the flag."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise argparse.ArgumentTypeError(f"{flag} must be a JSON object: {error}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"{flag} must be a JSON object, got {text!r}")
+    return value
+
+
 def add_settings_flags(parser: argparse.ArgumentParser) -> None:
     """One flag per setting (``--max-model-len`` for ``max_model_len``); unset flags keep env/defaults."""
     for name, options in _FLAGS.items():
         field = ServerSettings.model_fields[name]
         env = f"SAMROLLOUT_{name.upper()}"
-        default = "built-in model" if name == "model" else field.default
+        default = "built-in model" if name == "model" else field.get_default(call_default_factory=True)
         help_text = f"{field.description} [env {env}; default {default}]"
         parser.add_argument(f"--{name.replace('_', '-')}", dest=name, default=argparse.SUPPRESS,
                             help=help_text, **options)

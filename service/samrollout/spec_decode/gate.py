@@ -9,7 +9,7 @@ requests it drafts for.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from samrollout.config import SpeculationConfig
@@ -25,6 +25,10 @@ class Gate:
     def allow_request(self, request_id: str) -> bool:
         """Whether to draft for this request (after the step is allowed)."""
         return True
+
+    def draft_limit(self, running: int, k: int) -> int:
+        """Most draft tokens per request in an allowed step with ``running`` requests."""
+        return k
 
     def observe_step(self, running: int, drafted: bool, seconds: float, tokens: int) -> None:
         """One finished engine step: its batch size, whether any request in it verified a draft,
@@ -42,14 +46,28 @@ class Gate:
 
 
 class StaticGate(Gate):
-    """The published rule: draft while at most ``threshold`` requests run."""
+    """The published rule: draft while at most ``threshold`` requests run.
 
-    def __init__(self, threshold: int) -> None:
+    With ``schedule`` (vLLM's batch-size schedule, expanded: draft tokens per batch size,
+    see `samrollout.spec_decode.schedule`) the schedule decides instead, and also caps the
+    draft length; batch sizes past its end take its last entry.
+    """
+
+    def __init__(self, threshold: int, schedule: Sequence[int] | None = None) -> None:
         self.threshold = threshold
+        self.schedule = list(schedule) if schedule else None
 
     def allow_step(self, running: int) -> bool:
         """Draft in the tail only."""
-        return running <= self.threshold
+        if self.schedule is None:
+            return running <= self.threshold
+        return self.draft_limit(running, 1) > 0
+
+    def draft_limit(self, running: int, k: int) -> int:
+        """The schedule's draft length at this batch size (k without a schedule)."""
+        if self.schedule is None:
+            return k
+        return min(k, self.schedule[min(running, len(self.schedule) - 1)])
 
 
 @dataclass
@@ -170,10 +188,10 @@ class AdaptiveGate(Gate):
             self._requests.pop(request_id, None)
 
 
-def make_gate(config: SpeculationConfig) -> Gate:
-    """The gate a config asks for."""
+def make_gate(config: SpeculationConfig, schedule: Sequence[int] | None = None) -> Gate:
+    """The gate a config asks for; ``schedule``: vLLM's expanded batch-size schedule, if configured."""
     if config.threshold_mode == "off":
         return Gate()
     if config.threshold_mode == "static":
-        return StaticGate(config.threshold)
+        return StaticGate(config.threshold, schedule)
     return AdaptiveGate(threshold=config.threshold)

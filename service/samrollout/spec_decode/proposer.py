@@ -14,6 +14,7 @@ from __future__ import annotations
 import bisect
 import inspect
 import time
+from collections import Counter
 from typing import Any
 
 import numpy as np
@@ -21,6 +22,7 @@ import numpy as np
 from samrollout.config import ADDITIONAL_CONFIG_KEY, GROUP_FIELD, SpeculationConfig
 from samrollout.drafter import SamDrafter
 from samrollout.spec_decode.gate import Gate, make_gate
+from samrollout.spec_decode.schedule import dense_schedule
 
 # Upper bounds (seconds) of the proposer's step-time histogram, exported as samrollout_drafter_step_seconds.
 STEP_SECONDS_BUCKETS = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2)
@@ -39,6 +41,18 @@ def find_model_runner() -> Any:
             return candidate
         frame = frame.f_back
     raise RuntimeError("SamProposer must be constructed by a vLLM model runner (custom_class proposer)")
+
+
+def _by_batch_size(counts: Counter[int]) -> dict[str, int]:
+    """Counts keyed by batch size as JSON keys, smallest first."""
+    return {str(size): count for size, count in sorted(counts.items())}
+
+
+def _on_cpu() -> bool:
+    """Whether vLLM runs on its CPU backend (drafts are verified by compute-bound CPU steps)."""
+    from vllm.platforms import current_platform
+
+    return bool(current_platform.is_cpu())
 
 
 def group_of(request_id: str, extra_args: dict[str, Any] | None) -> str | None:
@@ -67,8 +81,11 @@ class SamProposer:
         self.config = SpeculationConfig.from_json(settings)
         self.k = self.config.k
         self.max_model_len = int(vllm_config.model_config.max_model_len)
-        self.drafter = SamDrafter(int(vllm_config.model_config.get_vocab_size()), self.config.policy)
-        self.gate: Gate = make_gate(self.config)
+        self.policy = self.config.policy.for_hardware(on_cpu=_on_cpu())
+        self.drafter = SamDrafter(int(vllm_config.model_config.get_vocab_size()), self.policy)
+        # The static threshold as vLLM's batch-size schedule, where vLLM has one (schedule.py).
+        self.schedule = dense_schedule(vllm_config) if self.config.threshold_mode == "static" else None
+        self.gate: Gate = make_gate(self.config, self.schedule)
         self.runner = runner if runner is not None else find_model_runner()
         self.draft_sampled = self._draft_sampled(self.config.sampled_requests)
         self._indexed: dict[str, int] = {}       # tokens each request's automaton holds
@@ -82,14 +99,15 @@ class SamProposer:
         self.propose_seconds = 0.0
         self.step_seconds_counts = [0] * (len(STEP_SECONDS_BUCKETS) + 1)  # last: above every bound
         self.last_step_drafted = False
+        # Steps (and those that drafted) by batch size: requests that sampled a token in the step.
+        self.steps_by_batch_size: Counter[int] = Counter()
+        self.drafting_steps_by_batch_size: Counter[int] = Counter()
 
     @staticmethod
     def _draft_sampled(mode: str) -> bool:
         if mode != "auto":
             return mode == "draft"
-        from vllm.platforms import current_platform
-
-        return not current_platform.is_cpu()
+        return not _on_cpu()
 
     def stats(self) -> dict[str, Any]:
         """Counters since start (steps, draft tokens proposed and accepted, sampled rows skipped, time),
@@ -98,7 +116,10 @@ class SamProposer:
                 "sampled_rows_skipped": self.sampled_rows_skipped, "active_requests": self.active_requests,
                 "propose_seconds": self.propose_seconds, "step_seconds_counts": list(self.step_seconds_counts),
                 "last_step_drafted": self.last_step_drafted, "k": self.k, "threshold": self.config.threshold,
-                "threshold_mode": self.config.threshold_mode,
+                "threshold_mode": self.config.threshold_mode, "policy": self.policy.as_dict(),
+                "threshold_from_vllm_schedule": self.schedule is not None,
+                "steps_by_batch_size": _by_batch_size(self.steps_by_batch_size),
+                "drafting_steps_by_batch_size": _by_batch_size(self.drafting_steps_by_batch_size),
                 "gate": self.gate.summary()}
 
     def load_model(self, *args: Any, **kwargs: Any) -> None:
@@ -149,8 +170,9 @@ class SamProposer:
         if ids:
             proposed = self.drafter.step(ids, new_tokens, self.k)
             if step_allowed:
+                limit = self.gate.draft_limit(running, self.k)
                 for request_id, i, draft in zip(ids, row_of, proposed, strict=True):
-                    room = self.max_model_len - int(num_tokens_no_spec[i]) - 1
+                    room = min(limit, self.max_model_len - int(num_tokens_no_spec[i]) - 1)
                     if not draft or room <= 0 or not self.gate.allow_request(request_id):
                         continue
                     if not self.draft_sampled and not self._greedy(request_id):
@@ -162,6 +184,9 @@ class SamProposer:
             self.draft_tokens += len(drafts[i])
         self.steps += 1
         self.last_step_drafted = any(drafts)
+        self.steps_by_batch_size[running] += 1
+        if self.last_step_drafted:
+            self.drafting_steps_by_batch_size[running] += 1
         self._last_call = time.perf_counter()
         elapsed = self._last_call - now
         self.propose_seconds += elapsed
@@ -204,8 +229,8 @@ class SamProposer:
         """Drop every automaton and what the gate learned (the policy's weights changed)."""
         for request_id in list(self._indexed):
             self._remove(request_id)
-        self.drafter = SamDrafter(self.drafter.vocab_size, self.config.policy)
-        self.gate = make_gate(self.config)
+        self.drafter = SamDrafter(self.drafter.vocab_size, self.policy)
+        self.gate = make_gate(self.config, self.schedule)
         self._last_call = None
 
     @property

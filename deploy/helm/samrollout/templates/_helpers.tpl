@@ -127,10 +127,10 @@ Accelerators each pod requests: acceleratorCount, else server.tensorParallelSize
 {{/*
 One server setting as an env var value (a quoted YAML scalar). Helm reads every number in
 the values as a float: whole numbers are written as integers (1048576, not 1.048576e+06),
-lists as JSON (SAMROLLOUT_VLLM_ARGS='["--enable-sleep-mode"]'), booleans as true/false.
+lists and maps as JSON (SAMROLLOUT_VLLM_ARGS='["--enable-sleep-mode"]'), booleans as true/false.
 */}}
 {{- define "samrollout.envValue" -}}
-{{- if kindIs "slice" . }}
+{{- if or (kindIs "slice" .) (kindIs "map" .) }}
 {{- toJson . | toJson }}
 {{- else if kindIs "bool" . }}
 {{- ternary "true" "false" . | quote }}

@@ -82,7 +82,7 @@ spec:
       protocol: TCP
     env:
     {{- range $name, $value := .Values.server }}
-    {{- if not (or (kindIs "invalid" $value) (and (kindIs "slice" $value) (empty $value))) }}
+    {{- if not (or (kindIs "invalid" $value) (and (or (kindIs "slice" $value) (kindIs "map" $value)) (empty $value))) }}
     - name: SAMROLLOUT_{{ $name | snakecase | upper }}
       value: {{ include "samrollout.envValue" $value }}
     {{- end }}

@@ -1,0 +1,44 @@
+"""The static threshold as vLLM's own batch-size schedule of draft lengths (vLLM 0.32 and later).
+
+vLLM 0.32 has ``SpeculativeConfig.num_speculative_tokens_per_batch_size``: inclusive
+(first batch size, last batch size, k) ranges that its scheduler expands into the number
+of draft tokens to schedule at each batch size.  vLLM hands that number to its built-in
+proposers but not to ``custom_class`` ones, so `SamProposer` reads the same schedule from
+the engine's config and expands it with vLLM's own function: one source of truth, visible
+in vLLM's config and logs.  vLLM 0.23 has no such field; there the proposer's `StaticGate`
+applies the threshold itself (empty drafts above it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+SCHEDULE_FIELD = "num_speculative_tokens_per_batch_size"
+
+
+def vllm_has_batch_size_schedule() -> bool:
+    """Whether the installed vLLM's `SpeculativeConfig` takes a batch-size schedule."""
+    from vllm.config import SpeculativeConfig
+
+    return SCHEDULE_FIELD in {field.name for field in dataclasses.fields(SpeculativeConfig)}
+
+
+def threshold_schedule(k: int, threshold: int) -> list[list[int]]:
+    """The published rule as a schedule: k drafts at 1..threshold requests, none above."""
+    return [[1, threshold, k], [threshold + 1, threshold + 1, 0]]
+
+
+def dense_schedule(vllm_config: Any) -> list[int] | None:
+    """Draft tokens per batch size (index = batch size, up to max_num_seqs) from the engine's
+    config, expanded as vLLM's scheduler expands it; None when no schedule is configured."""
+    spec = vllm_config.speculative_config
+    schedule = getattr(spec, SCHEDULE_FIELD, None)
+    if not schedule:
+        return None
+    from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup
+
+    lookup: list[int] = build_dynamic_sd_schedule_lookup(
+        schedule, vllm_max_batch_size=int(vllm_config.scheduler_config.max_num_seqs),
+        vllm_num_speculative_tokens=int(spec.num_speculative_tokens))
+    return lookup
