@@ -27,10 +27,13 @@ class SpeculationConfig:
     """SAM speculation settings.
 
     - ``k``: draft tokens per step (vLLM's num_speculative_tokens).
-    - ``threshold_mode``: "off" drafts at every batch size; "static" drafts only while at
-      most ``threshold`` requests run (the published design: 8); "adaptive" starts from the
-      static rule and then decides from measured step times and acceptance (see
-      `samrollout.spec_decode.gate`).
+    - ``threshold_mode``: "off" drafts at every batch size; "static" (default) drafts only
+      while at most ``threshold`` requests run (the published design: 8); "adaptive" starts
+      from the static rule and then decides from measured step times and acceptance (see
+      `samrollout.spec_decode.gate`).  Static is the default because it measured best: on
+      CPU its rollout makespan was the shortest of the SAM modes (16.7 s vs 18.0 s adaptive,
+      18.8 s off; ``bench/results/spec-engine-cpu.json``), and adaptive's exploring costs up
+      to 8% at batch 64 where static drafts nothing.
     - ``group_drafting``: siblings (the n children of a request, or requests with the same
       ``extra_args["samrollout_group"]``) draft from a shared group automaton.
     - ``sampled_requests``: whether requests with temperature > 0 get drafts. "auto" drafts
@@ -41,7 +44,7 @@ class SpeculationConfig:
     """
 
     k: int = 3
-    threshold_mode: ThresholdMode = "adaptive"
+    threshold_mode: ThresholdMode = "static"
     threshold: int = 8
     group_drafting: bool = True
     sampled_requests: SampledMode = "auto"

@@ -1,4 +1,4 @@
-"""``samrollout serve``: start the rollout server (built-in model, SAM and the adaptive threshold by default)."""
+"""``samrollout serve``: start the rollout server (built-in model, SAM and the static threshold by default)."""
 
 from __future__ import annotations
 

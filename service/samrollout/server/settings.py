@@ -38,7 +38,7 @@ class ServerSettings(BaseSettings):
     api_key: SecretStr | None = Field(None, description="when set, /v1 and /admin require `Authorization: Bearer`")
     speculation: bool = Field(True, description="SAM speculative decoding on or off")
     k: int = Field(3, ge=1, le=16, description="draft tokens per step")
-    threshold_mode: ThresholdMode = Field("adaptive", description="off | static | adaptive")
+    threshold_mode: ThresholdMode = Field("static", description="off | static | adaptive")
     threshold: int = Field(8, ge=1, description="running requests at or below which drafting runs")
     group_drafting: bool = Field(True, description="siblings of one group draft from a shared automaton")
     draft_policy: dict[str, Any] = Field(
