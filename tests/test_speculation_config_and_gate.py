@@ -39,6 +39,8 @@ def test_invalid_speculation_settings_fail_at_startup(bad):
 def test_unknown_settings_are_rejected_not_dropped():
     with pytest.raises(ValueError, match="unknown"):
         SpeculationConfig.from_json({"k": 3, "treshold": 8})
+    with pytest.raises(ValueError, match="unknown draft policy fields"):
+        SpeculationConfig.from_json({"k": 3, "policy": {"min_match": 2}})
 
 
 def test_static_gate_drafts_only_in_the_tail():

@@ -70,7 +70,7 @@ class SpeculationConfig:
     def from_json(cls, data: dict[str, Any]) -> SpeculationConfig:
         """Rebuild from `to_json` output; unknown keys are an error, not silently dropped."""
         data = dict(data)
-        policy = DraftPolicy(**data.pop("policy", {}))
+        policy = DraftPolicy.from_dict(data.pop("policy", {}))
         known = {"k", "threshold_mode", "threshold", "group_drafting", "sampled_requests"}
         unknown = set(data) - known
         if unknown:

@@ -8,7 +8,7 @@ only the id-to-handle maps: every per-token loop runs in C++ with the GIL releas
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Literal
 
 import numpy as np
@@ -77,6 +77,15 @@ class DraftPolicy:
     def as_dict(self) -> dict[str, Any]:
         """The policy as plain data (for JSON reports and configs)."""
         return asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> DraftPolicy:
+        """A policy from plain data (`as_dict`, a config file, a flag); unknown fields raise ValueError."""
+        known = [field.name for field in fields(cls)]
+        unknown = sorted(set(values) - set(known))
+        if unknown:
+            raise ValueError(f"unknown draft policy fields {unknown}; known: {known}")
+        return cls(**values)
 
     def for_hardware(self, on_cpu: bool) -> DraftPolicy:
         """This policy with "auto" settled for the hardware that verifies the drafts."""

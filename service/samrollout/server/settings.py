@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import fields
 from typing import Any, Literal
 
 from pydantic import Field, SecretStr, field_validator
@@ -21,7 +20,6 @@ from samrollout.engine import vllm_speculative_config
 from samrollout.spec_decode.worker_extension import WORKER_EXTENSION_CLASS
 
 BUILTIN_MODEL_NAME = "smollm2-135m-instruct"
-_POLICY_FIELDS = tuple(field.name for field in fields(DraftPolicy))
 LogLevel = Literal["debug", "info", "warning", "error"]
 
 
@@ -71,7 +69,7 @@ class ServerSettings(BaseSettings):
     @field_validator("draft_policy")
     @classmethod
     def _valid_draft_policy(cls, value: dict[str, Any]) -> dict[str, Any]:
-        draft_policy(value)  # raises ValueError naming the bad field
+        DraftPolicy.from_dict(value)  # raises ValueError naming the bad field
         return value
 
     def speculation_config(self) -> SpeculationConfig | None:
@@ -79,7 +77,7 @@ class ServerSettings(BaseSettings):
         if not self.speculation:
             return None
         return SpeculationConfig(k=self.k, threshold_mode=self.threshold_mode, threshold=self.threshold,
-                                 group_drafting=self.group_drafting, policy=draft_policy(self.draft_policy))
+                                 group_drafting=self.group_drafting, policy=DraftPolicy.from_dict(self.draft_policy))
 
     def vllm_argv(self, model_path: str, on_cpu: bool, per_request_metrics_flags: bool = True) -> list[str]:
         """vLLM server flags for this configuration (parsed by vLLM's own argument parser).
@@ -142,14 +140,6 @@ _FLAGS: dict[str, dict[str, Any]] = {
     "shutdown_timeout": {"type": float},
     "log_level": {"choices": ["debug", "info", "warning", "error"]},
 }
-
-
-def draft_policy(values: dict[str, Any]) -> DraftPolicy:
-    """The `DraftPolicy` a ``--draft-policy`` object describes; unknown or invalid fields raise ValueError."""
-    unknown = sorted(set(values) - set(_POLICY_FIELDS))
-    if unknown:
-        raise ValueError(f"unknown draft policy fields {unknown}; known: {list(_POLICY_FIELDS)}")
-    return DraftPolicy(**values)
 
 
 def json_object(text: str, flag: str) -> dict[str, Any]:
