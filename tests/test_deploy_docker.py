@@ -240,3 +240,55 @@ def test_compose_passes_only_settings_the_server_knows() -> None:
     environment = _compose()["services"]["samrollout"]["environment"]
     fields = {f"SAMROLLOUT_{name.upper()}" for name in ServerSettings.model_fields}
     assert set(environment) <= fields, set(environment) - fields
+
+
+def _interpolate(value: str, environ: dict[str, str]) -> str:
+    """Compose's interpolation of ``${VAR}``, ``${VAR:-default}`` and ``${VAR:?error}`` (unset or empty: error)."""
+    def one(match: re.Match[str]) -> str:
+        name, operator, rest = match.group(1), match.group(2), match.group(3) or ""
+        current = environ.get(name, "")
+        if operator == ":?" and not current:
+            raise ValueError(f"required variable {name} is missing a value: {rest}")
+        return current or (rest if operator == ":-" else "")
+
+    return re.sub(r"\$\{([A-Z_][A-Z0-9_]*)(?:(:-|:\?)([^}]*))?\}", one, value)
+
+
+def _image_env(target: str) -> dict[str, str]:
+    """The SAMROLLOUT_* variables an image target's ENV instructions set."""
+    pairs = re.findall(r"(SAMROLLOUT_[A-Z_]+)=(\S+)", " ".join(_values(_stages()[target], "ENV")))
+    return dict(pairs)
+
+
+def test_compose_refuses_to_start_the_server_without_an_api_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The image listens on 0.0.0.0, where the server needs a key: compose demands one and says how to make it."""
+    from pydantic import ValidationError
+
+    from samrollout.server.settings import ServerSettings
+
+    service = _compose()["services"]["samrollout"]
+    required = r"\$\{SAMROLLOUT_API_KEY:\?.*openssl rand -hex 24.*\}"
+    assert re.fullmatch(required, service["environment"]["SAMROLLOUT_API_KEY"])
+    assert service["restart"] in ("unless-stopped", "on-failure", "always")
+    for field in ServerSettings.model_fields:
+        monkeypatch.delenv(f"SAMROLLOUT_{field.upper()}", raising=False)
+    for name, value in _image_env("cpu").items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError, match="SAMROLLOUT_API_KEY is missing a value: set SAMROLLOUT_API_KEY"):
+        {name: _interpolate(str(v), {}) for name, v in service["environment"].items()}
+    environment = {name: _interpolate(str(v), {"SAMROLLOUT_API_KEY": "k" * 48})
+                   for name, v in service["environment"].items()}
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+    settings = ServerSettings()
+    assert settings.host == "0.0.0.0" and settings.api_key is not None
+    monkeypatch.delenv("SAMROLLOUT_API_KEY")
+    with pytest.raises(ValidationError, match="no --api-key is set"):
+        ServerSettings()  # what the server itself would do with the image's settings and no key
+
+
+def test_prometheus_scrapes_metrics_without_the_api_key() -> None:
+    """/metrics stays open (only /v1 and /admin need the key), so the scrape config carries no credentials."""
+    job = yaml.safe_load((ROOT / "deploy/prometheus/prometheus.yml").read_text())["scrape_configs"][0]
+    assert job["metrics_path"] == "/metrics"
+    assert not {"authorization", "bearer_token", "bearer_token_file", "basic_auth"} & set(job)

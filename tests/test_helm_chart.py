@@ -372,14 +372,15 @@ def test_default_values_run_the_server_with_its_own_defaults(chart: helm.Chart,
     release = render(chart)
     environ = _environ(release)
     assert {n for n in environ if n.startswith("SAMROLLOUT_")} - NON_SETTING_ENV == {
-        "SAMROLLOUT_HOST", "SAMROLLOUT_PORT", "SAMROLLOUT_TENSOR_PARALLEL_SIZE"}
+        "SAMROLLOUT_HOST", "SAMROLLOUT_PORT", "SAMROLLOUT_TENSOR_PARALLEL_SIZE", "SAMROLLOUT_API_KEY"}
     for field in ServerSettings.model_fields:
         monkeypatch.delenv(f"SAMROLLOUT_{field.upper()}", raising=False)
     for name, value in environ.items():
         monkeypatch.setenv(name, value)
-    settings = ServerSettings()
+    settings = ServerSettings()  # on 0.0.0.0 the server refuses to start without a key: the chart's is there
     assert settings.host == "0.0.0.0" and settings.port == 8000 and settings.tensor_parallel_size == 1
-    assert settings.model is None and settings.api_key is None  # the built-in model, no key
+    assert settings.model is None and settings.api_key is not None  # the built-in model, a generated key
+    assert not settings.allow_unauthenticated_admin
     assert environ["SAMROLLOUT_CACHE"] == "/models/cache" and environ["HF_HOME"] == "/models/huggingface"
 
 
@@ -597,10 +598,18 @@ def test_api_key_comes_from_a_secret(chart: helm.Chart) -> None:
     checksum = release.workload["spec"]["template"]["metadata"]["annotations"]["checksum/api-key"]
     rotated = render(chart, {"apiKey": {"value": "rotated"}})
     assert rotated.workload["spec"]["template"]["metadata"]["annotations"]["checksum/api-key"] != checksum
-    # No key: no variable, and the notes say the API is open.
+    # No key given: the chart generates one into its Secret; the server never runs without a key.
     release = render(chart)
-    assert "SAMROLLOUT_API_KEY" not in release.env and not release.all("Secret")
-    assert "no API key is set" in release.notes
+    secret = release.one("Secret", f"{FULLNAME}-api-key")
+    generated = base64.b64decode(secret["data"]["api-key"]).decode()
+    assert re.fullmatch(r"[A-Za-z0-9]{48}", generated)
+    assert release.env["SAMROLLOUT_API_KEY"]["valueFrom"]["secretKeyRef"] == {
+        "name": f"{FULLNAME}-api-key", "key": "api-key"}
+    assert "checksum/api-key" not in release.workload["spec"]["template"]["metadata"]["annotations"]
+    assert f"generated one into Secret {FULLNAME}-api-key" in release.notes
+    assert "Authorization: Bearer $SAMROLLOUT_API_KEY" in release.notes
+    again = render(chart).one("Secret", f"{FULLNAME}-api-key")  # offline: no Secret to keep, a new key
+    assert base64.b64decode(again["data"]["api-key"]).decode() != generated
 
 
 def test_notes_tell_how_to_reach_the_api_and_the_dashboard(chart: helm.Chart) -> None:

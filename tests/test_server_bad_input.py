@@ -7,7 +7,7 @@ from typing import Any
 import httpx
 import pytest
 
-from conftest import API_KEY
+from conftest import API_KEY, TINY_CONTEXT, TINY_MAX_PROMPT_TOKENS
 from server_process import ServerProcess
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
@@ -44,6 +44,77 @@ def test_bad_completion_request_gets_openai_error_with_4xx(tiny_server: ServerPr
     assert error["code"] == status and error["message"] and error["type"]
     if param is not None:
         assert error["param"] == param
+
+
+def _post(server: ServerProcess, route: str, body: dict[str, Any]) -> httpx.Response:
+    return httpx.post(f"{server.url}/v1/{route}", json={"model": "tiny", "temperature": 0, **body}, headers=AUTH,
+                      timeout=120)
+
+
+def _refused(reply: httpx.Response, param: str, *says: str) -> None:
+    assert reply.status_code == 400, reply.text
+    error = reply.json()["error"]
+    assert error["param"] == param and all(s in error["message"] for s in says), error
+
+
+def test_token_prompt_plus_max_tokens_one_over_the_context_is_refused(tiny_server: ServerProcess) -> None:
+    prompt = [1000 + i % 50 for i in range(470)]
+    fits = _post(tiny_server, "completions", {"prompt": prompt, "max_tokens": TINY_CONTEXT - 470, "ignore_eos": True})
+    assert fits.status_code == 200, fits.text
+    assert len(fits.json()["choices"][0]["token_ids"]) == TINY_CONTEXT - 470  # all of it, not clamped
+    over = _post(tiny_server, "completions", {"prompt": prompt, "max_tokens": TINY_CONTEXT - 469})
+    _refused(over, "max_tokens", f"maximum context length is {TINY_CONTEXT}", "470 tokens",
+             f"{TINY_CONTEXT + 1} in all")
+
+
+def test_text_prompt_plus_max_tokens_over_the_context_is_refused(tiny_server: ServerProcess) -> None:
+    prompt = "hello " * 460
+    first = _post(tiny_server, "completions", {"prompt": prompt, "max_tokens": 1})
+    assert first.status_code == 200, first.text
+    length = len(first.json()["choices"][0]["prompt_token_ids"])  # as vLLM tokenized it
+    assert 400 < length <= TINY_MAX_PROMPT_TOKENS
+    fits = _post(tiny_server, "completions", {"prompt": prompt, "max_tokens": TINY_CONTEXT - length})
+    assert fits.status_code == 200, fits.text
+    over = _post(tiny_server, "completions", {"prompt": prompt, "max_tokens": TINY_CONTEXT - length + 1})
+    _refused(over, "max_tokens", f"{length} tokens", f"{TINY_CONTEXT + 1} in all")
+
+
+def test_chat_prompt_plus_max_tokens_over_the_context_is_refused(tiny_server: ServerProcess) -> None:
+    messages = [{"role": "user", "content": "hello " * 400}]
+    first = _post(tiny_server, "chat/completions", {"messages": messages, "max_tokens": 1})
+    assert first.status_code == 200, first.text
+    length = len(first.json()["prompt_token_ids"])  # the rendered chat template
+    over = _post(tiny_server, "chat/completions", {"messages": messages, "max_tokens": TINY_CONTEXT - length + 1})
+    _refused(over, "max_tokens", f"{TINY_CONTEXT + 1} in all")
+    over = _post(tiny_server, "chat/completions",
+                 {"messages": messages, "max_completion_tokens": TINY_CONTEXT - length + 1})
+    _refused(over, "max_completion_tokens", f"{TINY_CONTEXT + 1} in all")
+    fits = _post(tiny_server, "chat/completions", {"messages": messages, "max_tokens": TINY_CONTEXT - length})
+    assert fits.status_code == 200, fits.text
+
+
+def test_prompts_over_max_prompt_tokens_are_refused_naming_the_limit(tiny_server: ServerProcess) -> None:
+    limit = TINY_MAX_PROMPT_TOKENS
+    at_limit = _post(tiny_server, "completions", {"prompt": [7] * limit, "max_tokens": TINY_CONTEXT - limit})
+    assert at_limit.status_code == 200, at_limit.text
+    tokens = _post(tiny_server, "completions", {"prompt": [7] * (limit + 1), "max_tokens": 1})
+    _refused(tokens, "prompt", f"{limit + 1} tokens", f"limit of {limit} (--max-prompt-tokens)")
+    text = _post(tiny_server, "completions", {"prompt": "hello " * (limit + 10), "max_tokens": 1})
+    _refused(text, "prompt", f"limit of {limit} (--max-prompt-tokens)")
+    batch = _post(tiny_server, "completions", {"prompt": ["short", "hello " * (limit + 10)], "max_tokens": 1})
+    _refused(batch, "prompt", "--max-prompt-tokens")
+    one = _post(tiny_server, "chat/completions", {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 1})
+    template = len(one.json()["prompt_token_ids"]) - 1  # what the chat template adds to one word
+    content = "hello " * (limit + 5 - template)  # rendered: just over the limit, inside the context
+    chat = _post(tiny_server, "chat/completions", {"messages": [{"role": "user", "content": content}], "max_tokens": 1})
+    _refused(chat, "messages", f"limit of {limit} (--max-prompt-tokens)")
+
+
+def test_more_prompts_than_max_prompts_in_one_request_are_refused(tiny_server: ServerProcess) -> None:
+    reply = _post(tiny_server, "completions", {"prompt": [f"p{i}" for i in range(257)], "max_tokens": 1})
+    _refused(reply, "prompt", "at most 256 prompts", "--max-prompts", "got 257")
+    tokens = _post(tiny_server, "completions", {"prompt": [[1, 2]] * 257, "max_tokens": 1})
+    _refused(tokens, "prompt", "at most 256 prompts")
 
 
 def test_wrong_content_type_is_rejected(tiny_server: ServerProcess) -> None:

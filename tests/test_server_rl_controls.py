@@ -34,6 +34,14 @@ def running_in_engine(server: ServerProcess) -> float:
     raise AssertionError("vllm:num_requests_running not exported")
 
 
+def finished_as_aborted(server: ServerProcess) -> float:
+    """samrollout_requests_finished_total{finish_reason="abort"}, read from /metrics (0 before the first)."""
+    for line in httpx.get(f"{server.url}/metrics", timeout=30).text.splitlines():
+        if line.startswith('samrollout_requests_finished_total{finish_reason="abort"}'):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
 def wait_until_idle(server: ServerProcess, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -54,6 +62,8 @@ async def _post_all(server: ServerProcess, bodies: list[dict[str, Any]], limit: 
 
 
 def test_abort_rollout_stops_that_rollout_and_no_other(tiny_server: ServerProcess) -> None:
+    aborted_before = finished_as_aborted(tiny_server)
+
     async def scenario() -> tuple[list[httpx.Response], httpx.Response]:
         victims = [completion(f"victim {i}", 480, rollout_id="doomed", temperature=1.0, seed=i) for i in range(4)]
         bystander = completion("bystander", 40, rollout_id="kept", temperature=0)
@@ -78,15 +88,38 @@ def test_abort_rollout_stops_that_rollout_and_no_other(tiny_server: ServerProces
     assert all(v["finish_reason"] == "abort" and len(v["token_ids"]) < 480 for v in victims)
     assert bystander["finish_reason"] == "length" and len(bystander["token_ids"]) == 40
     wait_until_idle(tiny_server)
+    assert finished_as_aborted(tiny_server) == aborted_before + 4  # counted, each once
 
 
 def test_client_disconnect_mid_stream_aborts_its_engine_request(tiny_server: ServerProcess) -> None:
+    aborted_before = finished_as_aborted(tiny_server)
     body = completion("disconnect", 480, stream=True, temperature=0)
     with httpx.stream("POST", f"{tiny_server.url}/v1/completions", json=body, headers=AUTH, timeout=60) as reply:
         for line in reply.iter_lines():
             if line.startswith("data: "):
                 break  # one chunk, then hang up
     wait_until_idle(tiny_server, timeout=30)
+    assert finished_as_aborted(tiny_server) >= aborted_before + 1
+
+
+def test_pause_with_abort_counts_the_requests_it_ends_as_aborted(tiny_server: ServerProcess) -> None:
+    aborted_before = finished_as_aborted(tiny_server)
+
+    async def scenario() -> httpx.Response:
+        async with httpx.AsyncClient(base_url=tiny_server.url, headers=AUTH, timeout=300) as client:
+            task = asyncio.create_task(client.post("/v1/completions", json=completion("cut short", 480,
+                                                                                       rollout_id="paused-away")))
+            while (await client.get("/v1/rollouts/paused-away")).status_code != 200:
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(0.3)  # generating by now
+            assert (await client.post("/admin/pause", json={"mode": "abort"})).status_code == 200
+            await client.post("/admin/resume")
+            return await task
+
+    reply = asyncio.run(scenario())
+    assert reply.status_code == 200 and reply.json()["choices"][0]["finish_reason"] == "abort"
+    wait_until_idle(tiny_server)
+    assert finished_as_aborted(tiny_server) >= aborted_before + 1
 
 
 def test_burst_of_300_concurrent_requests_completes_with_none_lost(tiny_server: ServerProcess) -> None:
@@ -151,6 +184,17 @@ def test_pause_holds_new_requests_until_resume(tiny_server: ServerProcess) -> No
 
     held, reply = asyncio.run(scenario())
     assert held and reply.status_code == 200 and reply.json()["choices"][0]["finish_reason"] == "length"
+
+
+def test_a_paused_server_reports_paused_not_sleeping(tiny_server: ServerProcess) -> None:
+    assert admin(tiny_server, "pause", {"mode": "keep"}).status_code == 200
+    try:
+        paused = status(tiny_server)
+    finally:
+        assert admin(tiny_server, "resume").status_code == 200
+    assert (paused["paused"], paused["sleeping"], paused["sleep_level"]) == (True, False, None)
+    resumed = status(tiny_server)
+    assert (resumed["paused"], resumed["sleeping"]) == (False, False)
 
 
 def test_sleep_without_sleep_mode_is_a_clear_409(tiny_server: ServerProcess) -> None:

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
 import sys
 
 import pytest
+from pydantic import ValidationError
 
 from samrollout.config import ADDITIONAL_CONFIG_KEY, SpeculationConfig
 from samrollout.drafter import DraftPolicy
-from samrollout.server.settings import ServerSettings
+from samrollout.server.settings import ServerSettings, add_settings_flags, settings_from_args
 
 
 def _speculation_in_argv(argv: list[str]) -> SpeculationConfig:
@@ -41,6 +43,11 @@ def test_draft_policy_is_read_from_its_environment_variable(monkeypatch: pytest.
     (["--draft-policy", "{min_match_length: 2}"], {}, "--draft-policy"),
     ([], {"SAMROLLOUT_DRAFT_POLICY": '{"source": "siblings"}'}, "source"),
     ([], {"SAMROLLOUT_THRESHOLD_MODE": "sometimes"}, "threshold_mode"),
+    (["--max-prompts", "0"], {}, "max_prompts"),
+    (["--max-prompt-tokens", "0"], {}, "max_prompt_tokens"),
+    (["--host", "0.0.0.0"], {}, "--api-key"),
+    ([], {"SAMROLLOUT_HOST": "0.0.0.0"}, "--allow-unauthenticated-admin"),
+    (["--host", "192.168.1.20", "--api-key", ""], {}, "api_key"),
 ])
 def test_invalid_settings_stop_serve_at_start_up_naming_the_setting(flags: list[str], env: dict[str, str],
                                                                       named: str) -> None:
@@ -49,3 +56,39 @@ def test_invalid_settings_stop_serve_at_start_up_naming_the_setting(flags: list[
     assert result.returncode == 2, result.stderr[-3000:]
     assert named in result.stderr
     assert "starting on" not in result.stderr  # stopped before any model or engine start
+
+
+def _settings(*flags: str) -> ServerSettings:
+    """Settings as `samrollout serve FLAGS` makes them (no environment variables of ours set)."""
+    parser = argparse.ArgumentParser()
+    add_settings_flags(parser)
+    return settings_from_args(parser.parse_args(list(flags)))
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "127.3.2.1", "::1", "localhost", "::ffff:127.0.0.1"])
+def test_loopback_hosts_serve_without_a_key(host: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SAMROLLOUT_API_KEY", raising=False)
+    assert _settings("--host", host).host == host
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "10.1.2.3", "rollout.example.com"])
+def test_other_hosts_need_a_key_or_the_explicit_override(host: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("SAMROLLOUT_API_KEY", "SAMROLLOUT_ALLOW_UNAUTHENTICATED_ADMIN"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(ValidationError, match="no --api-key is set"):
+        _settings("--host", host)
+    assert _settings("--host", host, "--api-key", "k").api_key is not None
+    assert _settings("--host", host, "--allow-unauthenticated-admin").allow_unauthenticated_admin
+    monkeypatch.setenv("SAMROLLOUT_ALLOW_UNAUTHENTICATED_ADMIN", "true")
+    assert _settings("--host", host).api_key is None
+
+
+def test_request_limits_have_documented_defaults_and_flags(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SAMROLLOUT_MAX_PROMPTS", raising=False)
+    monkeypatch.delenv("SAMROLLOUT_MAX_PROMPT_TOKENS", raising=False)
+    defaults = _settings()
+    assert (defaults.max_prompts, defaults.max_prompt_tokens, defaults.max_n) == (256, None, 64)
+    limited = _settings("--max-prompts", "8", "--max-prompt-tokens", "100")
+    assert (limited.max_prompts, limited.max_prompt_tokens) == (8, 100)
+    monkeypatch.setenv("SAMROLLOUT_MAX_PROMPT_TOKENS", "300")
+    assert _settings().max_prompt_tokens == 300

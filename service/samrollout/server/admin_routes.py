@@ -18,6 +18,7 @@ from samrollout.server.auth import require_api_key
 from samrollout.server.errors import ApiError
 from samrollout.server.rl_fields import ID_PATTERN
 from samrollout.server.runtime import ServerRuntime
+from samrollout.server.vllm_serving import pause_engine
 
 router = APIRouter(prefix="/admin", dependencies=[Depends(require_api_key)])
 _ERRORS: dict[int | str, dict[str, Any]] = {400: {"description": "bad request"}, 401: {"description": "no key"},
@@ -69,7 +70,7 @@ async def update_weights(body: UpdateWeights, request: Request) -> dict[str, Any
 async def pause(request: Request, body: Pause | None = None) -> dict[str, Any]:
     """Stop scheduling generation until /admin/resume."""
     mode = (body or Pause()).mode
-    await _runtime(request).engine.pause_generation(mode=mode, clear_cache=False)
+    await pause_engine(_runtime(request).engine, mode=mode, clear_cache=False)
     return {"paused": True, "mode": mode}
 
 
@@ -88,6 +89,7 @@ async def sleep(request: Request, body: Sleep | None = None) -> dict[str, Any]:
         raise ApiError(409, "sleep mode is off: start the server with `-- --enable-sleep-mode` (CUDA or NPU only)")
     level = (body or Sleep()).level
     await runtime.engine.sleep(level)
+    runtime.sleep_level = level
     return {"sleeping": True, "level": level}
 
 
@@ -98,6 +100,7 @@ async def wake(request: Request) -> dict[str, Any]:
     if not runtime.state.vllm_config.model_config.enable_sleep_mode:
         raise ApiError(409, "sleep mode is off: start the server with `-- --enable-sleep-mode` (CUDA or NPU only)")
     await runtime.engine.wake_up()
+    runtime.sleep_level = None
     return {"sleeping": False}
 
 
@@ -117,8 +120,13 @@ async def reset_prefix_cache(request: Request) -> dict[str, Any]:
 
 @router.get("/status", responses=_ERRORS)
 async def status(request: Request) -> dict[str, Any]:
-    """Weight version, paused/sleeping, HTTP requests in flight, and the drafter's counters."""
+    """Weight version, paused/sleeping, HTTP requests in flight, and the drafter's counters.
+
+    ``sleeping`` is what /admin/sleep did, not the engine's ``is_sleeping()``, which is also
+    true while generation is merely paused.
+    """
     runtime = _runtime(request)
     return {"model": runtime.model_name, "weight_version": runtime.weight_version,
-            "paused": await runtime.engine.is_paused(), "sleeping": await runtime.engine.is_sleeping(),
-            "in_flight_requests": len(runtime.inflight), "drafter": await runtime.drafter_stats()}
+            "paused": await runtime.engine.is_paused(), "sleeping": runtime.sleep_level is not None,
+            "sleep_level": runtime.sleep_level, "in_flight_requests": len(runtime.inflight),
+            "drafter": await runtime.drafter_stats()}

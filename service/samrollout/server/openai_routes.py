@@ -4,8 +4,8 @@ Reused from vLLM: request parsing into its protocol models, prompt rendering and
 templates, sampling-parameter checks, generation, logprobs, streaming (its
 `OpenAIServingCompletion` / `OpenAIServingChat`), and disconnect handling
 (`with_cancellation`).  Written here: the RL fields (`rl_fields`), our own limits (n,
-token ids in the vocabulary), rollout tracking for aborts, and the weight version on
-every response.
+prompts per request, token ids in the vocabulary; prompt lengths in `prompt_limits`),
+rollout tracking for aborts, and the weight version on every response.
 """
 
 from __future__ import annotations
@@ -66,10 +66,14 @@ def _prompt_count(prompt: Any) -> int:
     return 1
 
 
-def check_limits(runtime: ServerRuntime, n: int | None, token_prompts: list[list[int]]) -> None:
-    """Our limits on top of vLLM's checks: n, and token ids inside the vocabulary."""
-    if n is not None and not 1 <= n <= runtime.settings.max_n:
-        raise ApiError(400, f"n must be between 1 and {runtime.settings.max_n} on this server, got {n}", "n")
+def check_limits(runtime: ServerRuntime, n: int | None, token_prompts: list[list[int]], prompts: int = 1) -> None:
+    """Our limits on top of vLLM's checks: n, prompts per request, and token ids inside the vocabulary."""
+    settings = runtime.settings
+    if n is not None and not 1 <= n <= settings.max_n:
+        raise ApiError(400, f"n must be between 1 and {settings.max_n} on this server, got {n}", "n")
+    if prompts > settings.max_prompts:
+        raise ApiError(400, f"at most {settings.max_prompts} prompts per request on this server (--max-prompts), "
+                            f"got {prompts}", "prompt")
     for tokens in token_prompts:
         bad = next((t for t in tokens if not 0 <= t < runtime.vocab_size), None)
         if bad is not None:
@@ -164,10 +168,11 @@ async def _stream(runtime: ServerRuntime, chunks: AsyncIterator[str], tracked: I
 async def create_completion(request: RolloutCompletionRequest, raw_request: Request) -> Response:
     """OpenAI completions (text or token-id prompts, batches, n, seed, logprobs, echo, stream) with RL fields."""
     runtime = runtime_of(raw_request)
-    check_limits(runtime, request.n, _prompt_token_lists(request.prompt))
+    prompts = _prompt_count(request.prompt)
+    check_limits(runtime, request.n, _prompt_token_lists(request.prompt), prompts)
+    request.limit_prompt_tokens(runtime.settings.max_prompt_tokens)
     attach_engine_args(request)
-    tracked = InflightRequest(_base_id(raw_request, request.request_id), "completion",
-                              _prompt_count(request.prompt), request.rollout_id)
+    tracked = InflightRequest(_base_id(raw_request, request.request_id), "completion", prompts, request.rollout_id)
     handler = runtime.state.openai_serving_completion
     return await _generate(runtime, request, tracked,
                            lambda: handler.create_completion(request, raw_request))
@@ -182,6 +187,7 @@ async def create_chat_completion(request: RolloutChatCompletionRequest, raw_requ
     if handler is None:
         raise ApiError(400, "this model has no chat template", "messages")
     check_limits(runtime, request.n, [])
+    request.limit_prompt_tokens(runtime.settings.max_prompt_tokens)
     attach_engine_args(request)
     tracked = InflightRequest(_base_id(raw_request, request.request_id), "chat", 1, request.rollout_id)
     return await _generate(runtime, request, tracked,

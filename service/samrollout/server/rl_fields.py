@@ -8,6 +8,9 @@ already are).  ``return_token_ids`` defaults to true here, so each choice carrie
 
 Responses: ``weight_version`` (the weights that produced it), and ``rollout_id`` /
 ``group_id`` echoed back.  vLLM's own fields are untouched.
+
+The request models also hand our prompt limits to vLLM's tokenization (`prompt_limits`):
+vLLM asks the request for its `TokenizeParams`, and ours add to vLLM's.
 """
 
 from __future__ import annotations
@@ -16,9 +19,10 @@ import json
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from pydantic import Field
+from pydantic import Field, PrivateAttr
 
 from samrollout.config import GROUP_FIELD
+from samrollout.server.prompt_limits import PromptLimits, with_prompt_limits
 from samrollout.server.vllm_serving import ChatCompletionRequest, CompletionRequest
 
 ROLLOUT_FIELD = "samrollout_rollout"
@@ -26,19 +30,37 @@ ID_PATTERN = r"^[A-Za-z0-9._:/@+=-]{1,128}$"
 
 
 class RolloutCompletionRequest(CompletionRequest):
-    """OpenAI completion request plus the RL fields; token ids returned by default."""
+    """OpenAI completion request plus the RL fields; token ids returned by default; our prompt limits."""
 
     rollout_id: str | None = Field(None, pattern=ID_PATTERN, description="rollout this request belongs to")
     group_id: str | None = Field(None, pattern=ID_PATTERN, description="requests with one group id are siblings")
     return_token_ids: bool | None = Field(True, description="return prompt and generated token ids in each choice")
+    _max_prompt_tokens: int | None = PrivateAttr(None)
+
+    def limit_prompt_tokens(self, limit: int | None) -> None:
+        """Cap the prompt at ``limit`` tokens (the server's --max-prompt-tokens; None: the context)."""
+        self._max_prompt_tokens = limit
+
+    def build_tok_params(self, model_config: Any) -> PromptLimits:
+        """vLLM's prompt checks plus ours: prompt + max_tokens within the context, the prompt-length cap."""
+        return with_prompt_limits(super().build_tok_params(model_config), self._max_prompt_tokens, "prompt")
 
 
 class RolloutChatCompletionRequest(ChatCompletionRequest):
-    """OpenAI chat completion request plus the RL fields; token ids returned by default."""
+    """OpenAI chat completion request plus the RL fields; token ids returned by default; our prompt limits."""
 
     rollout_id: str | None = Field(None, pattern=ID_PATTERN, description="rollout this request belongs to")
     group_id: str | None = Field(None, pattern=ID_PATTERN, description="requests with one group id are siblings")
     return_token_ids: bool | None = Field(True, description="return prompt and generated token ids in each choice")
+    _max_prompt_tokens: int | None = PrivateAttr(None)
+
+    def limit_prompt_tokens(self, limit: int | None) -> None:
+        """Cap the rendered prompt at ``limit`` tokens (the server's --max-prompt-tokens; None: the context)."""
+        self._max_prompt_tokens = limit
+
+    def build_tok_params(self, model_config: Any) -> PromptLimits:
+        """vLLM's prompt checks plus ours: prompt + max_tokens within the context, the prompt-length cap."""
+        return with_prompt_limits(super().build_tok_params(model_config), self._max_prompt_tokens, "messages")
 
 
 AnyRolloutRequest = RolloutCompletionRequest | RolloutChatCompletionRequest

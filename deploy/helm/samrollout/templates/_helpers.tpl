@@ -61,12 +61,13 @@ The ServiceAccount the pods run as.
 {{- end }}
 
 {{/*
-The name of the Secret holding the API key, or "" when no key is configured.
+The name of the Secret holding the API key: apiKey.existingSecret, else the chart's own
+(templates/secret.yaml: apiKey.value, or a generated key).
 */}}
 {{- define "samrollout.apiKeySecretName" -}}
 {{- if .Values.apiKey.existingSecret }}
 {{- .Values.apiKey.existingSecret }}
-{{- else if .Values.apiKey.value }}
+{{- else }}
 {{- printf "%s-api-key" (include "samrollout.fullname" .) }}
 {{- end }}
 {{- end }}

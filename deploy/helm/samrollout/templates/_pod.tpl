@@ -87,13 +87,11 @@ spec:
       value: {{ include "samrollout.envValue" $value }}
     {{- end }}
     {{- end }}
-    {{- if $apiKeySecret }}
     - name: SAMROLLOUT_API_KEY
       valueFrom:
         secretKeyRef:
           name: {{ $apiKeySecret }}
           key: {{ .Values.apiKey.secretKey }}
-    {{- end }}
     - name: SAMROLLOUT_CACHE
       value: {{ printf "%s/%s" $mountPath .Values.modelVolume.cacheSubdir | quote }}
     {{- with .Values.modelVolume.hfHomeSubdir }}

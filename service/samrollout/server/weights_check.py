@@ -1,0 +1,204 @@
+"""New policy weights checked before the engine sees them: a readable directory of intact safetensors, same layout.
+
+vLLM's weight reload trusts what it is given: random bytes, a truncated file or a tensor of
+another shape fail inside the workers and can take the engine down.  `check_weights_dir`
+turns every such problem into a `WeightsError` naming the file and the tensor, so
+``POST /admin/update_weights`` answers 400 and the old weights keep serving.  Only headers
+are read (the 8-byte length and the JSON after it; never tensor data), so a large
+checkpoint is checked in milliseconds; the server runs the check off its event loop.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import math
+import os
+import stat
+import struct
+from pathlib import Path
+
+logger = logging.getLogger("samrollout.server")
+
+TensorSpec = tuple[tuple[int, ...], str]  # shape, safetensors dtype name ("BF16", "F32", ...)
+Layout = dict[str, TensorSpec]            # tensor name -> spec
+
+# Bits per element of every dtype the safetensors format defines.
+DTYPE_BITS: dict[str, int] = {
+    "BOOL": 8, "U8": 8, "I8": 8, "F8_E5M2": 8, "F8_E4M3": 8, "F8_E8M0": 8, "I16": 16, "U16": 16, "F16": 16,
+    "BF16": 16, "I32": 32, "U32": 32, "F32": 32, "C64": 64, "I64": 64, "U64": 64, "F64": 64,
+    "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6}
+MAX_HEADER_BYTES = 100_000_000  # the safetensors library refuses larger headers
+_SHOWN_PATH_CHARS = 160
+
+
+class WeightsError(ValueError):
+    """A weights directory that must not reach the engine; the message says which file and tensor, and why."""
+
+
+def _shown(path: str) -> str:
+    """``path`` for a message: quoted, and shortened when it is very long."""
+    if len(path) <= _SHOWN_PATH_CHARS:
+        return repr(path)
+    return f"{path[:_SHOWN_PATH_CHARS // 2]!r}...({len(path)} characters)"
+
+
+def _os_problem(error: OSError) -> str:
+    """What an OS error on a path means, in words."""
+    denied = "cannot be read: permission denied"
+    known = {errno.ENAMETOOLONG: "is too long for the file system", errno.ENOENT: "does not exist",
+             errno.ENOTDIR: "is not a directory (a part of it is a file)", errno.EACCES: denied,
+             errno.EPERM: denied, errno.ELOOP: "has too many levels of symbolic links"}
+    return known.get(error.errno or 0, f"cannot be read: {error.strerror or error}")
+
+
+def _weight_files(path: str) -> list[Path]:
+    """The ``*.safetensors`` files of the directory ``path`` (sorted); WeightsError when there is no such directory."""
+    if "\x00" in path:
+        raise WeightsError("the path contains a NUL character")
+    folder = Path(path)
+    try:
+        if not stat.S_ISDIR(folder.stat().st_mode):
+            raise WeightsError(f"{_shown(path)} is not a directory: give the directory holding the *.safetensors files")
+        files = sorted(p for p in folder.iterdir() if p.name.endswith(".safetensors"))
+    except OSError as error:
+        raise WeightsError(f"{_shown(path)} {_os_problem(error)}") from None
+    if not files:
+        raise WeightsError(f"{_shown(path)} holds no *.safetensors files")
+    return files
+
+
+def _entry_spec(file: str, name: str, entry: object) -> tuple[TensorSpec, int, int]:
+    """One header entry's (shape, dtype) and data offsets, checked against each other."""
+    if not isinstance(entry, dict):
+        raise WeightsError(f"{file}: tensor {name!r} has a malformed header entry")
+    dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
+    if not isinstance(dtype, str) or dtype not in DTYPE_BITS:
+        raise WeightsError(f"{file}: tensor {name!r} has an unknown dtype {dtype!r}")
+    if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
+        raise WeightsError(f"{file}: tensor {name!r} has a malformed shape {shape!r}")
+    if (not isinstance(offsets, list) or len(offsets) != 2 or not all(type(o) is int for o in offsets)
+            or not 0 <= offsets[0] <= offsets[1]):
+        raise WeightsError(f"{file}: tensor {name!r} has malformed data offsets {offsets!r}")
+    bits = math.prod(shape) * DTYPE_BITS[dtype]
+    if bits % 8 or offsets[1] - offsets[0] != bits // 8:
+        raise WeightsError(f"{file}: tensor {name!r} ({dtype} {shape}) needs {math.ceil(bits / 8)} bytes, "
+                           f"its offsets give {offsets[1] - offsets[0]}")
+    return (tuple(shape), dtype), offsets[0], offsets[1]
+
+
+def read_header(path: Path) -> Layout:
+    """The tensors of one safetensors file, after checking that its header describes the file exactly.
+
+    The header must be JSON, every tensor's bytes must match its dtype and shape, and the
+    tensors must tile the data section, which must end where the file ends: a truncated or
+    padded file, or one that is not safetensors at all, is a WeightsError.
+    """
+    file = path.name
+    try:
+        with path.open("rb") as handle:
+            info = os.fstat(handle.fileno())
+            if not stat.S_ISREG(info.st_mode):
+                raise WeightsError(f"{file} is not a regular file")
+            size = info.st_size
+            if size < 8:
+                raise WeightsError(f"{file}: {size} bytes, too short for a safetensors file (empty or truncated)")
+            (length,) = struct.unpack("<Q", handle.read(8))
+            if length > MAX_HEADER_BYTES or 8 + length > size:
+                raise WeightsError(f"{file} is not a safetensors file, or is truncated: its first 8 bytes announce a "
+                                   f"{length}-byte header in a {size}-byte file")
+            raw = handle.read(length)
+    except OSError as error:
+        raise WeightsError(f"{file} {_os_problem(error)}") from None
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise WeightsError(f"{file} is not a safetensors file: its header is not JSON") from None
+    if not isinstance(header, dict):
+        raise WeightsError(f"{file} is not a safetensors file: its header is not a JSON object")
+    layout: Layout = {}
+    spans: list[tuple[int, int, str]] = []
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        layout[name], begin, end = _entry_spec(file, name, entry)
+        spans.append((begin, end, name))
+    position = 0
+    for begin, end, name in sorted(spans):
+        if begin != position:
+            raise WeightsError(f"{file}: tensor {name!r} starts at data byte {begin}, expected {position} "
+                               "(overlapping tensors or a gap)")
+        position = end
+    data = size - 8 - length
+    if position != data:
+        raise WeightsError(f"{file} is truncated or corrupt: its header describes {position} bytes of tensor data, "
+                           f"the file holds {data}")
+    return layout
+
+
+def _library_opens(path: Path) -> None:
+    """The safetensors library (what vLLM loads with) opens the file; its own header checks apply."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            handle.keys()
+    except Exception as error:  # SafetensorError and whatever else the library raises on a bad file
+        raise WeightsError(f"{path.name}: the safetensors library cannot open it: {error}") from None
+
+
+def read_directory(path: str) -> dict[str, tuple[str, TensorSpec]]:
+    """Every tensor of the directory's ``*.safetensors`` files: name -> (file name, spec); each file checked whole."""
+    found: dict[str, tuple[str, TensorSpec]] = {}
+    for file in _weight_files(path):
+        layout = read_header(file)
+        _library_opens(file)
+        for name, spec in layout.items():
+            if name in found:
+                raise WeightsError(f"tensor {name!r} is in both {found[name][0]} and {file.name}")
+            found[name] = (file.name, spec)
+    return found
+
+
+def check_weights_dir(path: str, expected: Layout | None) -> Path:
+    """The directory ``path`` once its weights are fit to load in place of the served ones; WeightsError otherwise.
+
+    ``expected``: the served checkpoint's layout (`checkpoint_layout`); every tensor must be
+    there with the same shape and dtype, and none may be missing.  None: files are checked,
+    the layout is not (the served model is not a local safetensors checkpoint).
+    """
+    found = read_directory(path)
+    if expected is None:
+        return Path(path)
+    for name, (file, (shape, dtype)) in sorted(found.items()):
+        want = expected.get(name)
+        if want is None:
+            raise WeightsError(f"{file}: tensor {name!r} is not in the served model")
+        if shape != want[0]:
+            raise WeightsError(f"{file}: tensor {name!r} has shape {list(shape)}, "
+                               f"the served model's is {list(want[0])}")
+        if dtype != want[1]:
+            raise WeightsError(f"{file}: tensor {name!r} is {dtype}, the served model's is {want[1]}")
+    missing = sorted(set(expected) - set(found))
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise WeightsError(f"tensor {missing[0]!r}{more} of the served model is in none of the *.safetensors files")
+    return Path(path)
+
+
+def checkpoint_layout(model_path: str) -> Layout | None:
+    """The served checkpoint's tensors (name -> shape, dtype), what weight updates must match.
+
+    None when the model is not a local directory of intact safetensors files (a hub id, or
+    another format): updates are then checked for intact files only.
+    """
+    if not os.path.isdir(model_path):
+        logger.info("weight updates: %s is not a local directory; their layout will not be checked", model_path)
+        return None
+    try:
+        return {name: spec for name, (_, spec) in read_directory(model_path).items()}
+    except WeightsError as error:
+        logger.warning("weight updates: the served checkpoint's layout cannot be read (%s); it will not be checked",
+                       error)
+        return None
