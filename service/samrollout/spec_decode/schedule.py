@@ -1,12 +1,15 @@
-"""The static threshold as vLLM's own batch-size schedule of draft lengths (vLLM 0.32 and later).
+"""The static threshold as vLLM's own batch-size schedule of draft lengths (vLLM 0.32).
 
 vLLM 0.32 has ``SpeculativeConfig.num_speculative_tokens_per_batch_size``: inclusive
 (first batch size, last batch size, k) ranges that its scheduler expands into the number
 of draft tokens to schedule at each batch size.  vLLM hands that number to its built-in
 proposers but not to ``custom_class`` ones, so `SamProposer` reads the same schedule from
 the engine's config and expands it with vLLM's own function: one source of truth, visible
-in vLLM's config and logs.  vLLM 0.23 has no such field; there the proposer's `StaticGate`
-applies the threshold itself (empty drafts above it).
+in vLLM's config and logs.  vLLM 0.23 has no such field, and vLLM 0.33 drops the schedule
+of every proposer that cannot take it on its V1 model runner, ``custom_class`` included
+(with a warning; ``custom_class`` runs on no other runner): on both, no schedule is passed
+and the proposer's `StaticGate` applies the threshold itself (empty drafts above it), with
+the same drafts.
 """
 
 from __future__ import annotations
@@ -18,10 +21,16 @@ SCHEDULE_FIELD = "num_speculative_tokens_per_batch_size"
 
 
 def vllm_has_batch_size_schedule() -> bool:
-    """Whether the installed vLLM's `SpeculativeConfig` takes a batch-size schedule."""
-    from vllm.config import SpeculativeConfig
+    """Whether the installed vLLM keeps a batch-size schedule for a ``custom_class`` proposer.
 
-    return SCHEDULE_FIELD in {field.name for field in dataclasses.fields(SpeculativeConfig)}
+    0.32 does; 0.23 has no such field; 0.33 drops it (``VllmConfig._maybe_disable_dynamic_sd_for_v1``:
+    on its V1 model runner only ngram, EAGLE, MTP, draft-model and DFlash proposers keep one).
+    """
+    from vllm.config import SpeculativeConfig, VllmConfig
+
+    if SCHEDULE_FIELD not in {field.name for field in dataclasses.fields(SpeculativeConfig)}:
+        return False
+    return not hasattr(VllmConfig, "_maybe_disable_dynamic_sd_for_v1")
 
 
 def threshold_schedule(k: int, threshold: int) -> list[list[int]]:

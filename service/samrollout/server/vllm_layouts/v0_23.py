@@ -20,7 +20,8 @@ from vllm.entrypoints.openai.completion.protocol import CompletionRequest
 from vllm.entrypoints.openai.engine.protocol import GenerationError
 from vllm.entrypoints.serve.utils.api_utils import validate_json_request, with_cancellation
 from vllm.entrypoints.serve.utils.error_response import create_error_response
-from vllm.exceptions import VLLMNotFoundError
+from vllm.exceptions import VLLMNotFoundError, VLLMValidationError
+from vllm.renderers import TokenizeParams
 from vllm.utils.argparse_utils import FlexibleArgumentParser
 
 # What create_error_response maps to an OpenAI error: not-found (404), generation errors (their status),
@@ -36,6 +37,12 @@ async def set_engine_weight_version(engine: Any, version: str) -> None:
     """Nothing to do: vLLM 0.23's engine keeps no weight version (the server reports its own)."""
 
 
+async def pause_engine(engine: Any, mode: str, clear_cache: bool) -> None:
+    """Pause generation: in-flight requests per ``mode`` (keep, wait, abort), new requests queue until resumed."""
+    await engine.pause_generation(mode=mode, clear_cache=clear_cache)
+
+
 __all__ = ["ERROR_TYPES", "PER_REQUEST_METRICS", "ChatCompletionRequest", "CompletionRequest",
-           "FlexibleArgumentParser", "create_error_response", "init_app_state", "make_arg_parser",
-           "set_engine_weight_version", "validate_json_request", "validate_parsed_serve_args", "with_cancellation"]
+           "FlexibleArgumentParser", "TokenizeParams", "VLLMValidationError", "create_error_response",
+           "init_app_state", "make_arg_parser", "pause_engine", "set_engine_weight_version",
+           "validate_json_request", "validate_parsed_serve_args", "with_cancellation"]

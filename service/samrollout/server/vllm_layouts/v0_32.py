@@ -1,4 +1,4 @@
-"""vLLM 0.32's serving layer (the ``cpu`` extra, and the ``cuda`` extra's range)."""
+"""vLLM 0.32's serving layer (the ``cpu`` extra, and 0.32.x in the ``cuda`` extra's range)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionReque
 from vllm.entrypoints.openai.completion.protocol import CompletionRequest
 from vllm.entrypoints.serve.exception_handling.error_response import create_error_response
 from vllm.entrypoints.serve.utils.api_utils import validate_json_request, with_cancellation
-from vllm.exceptions import VLLMError
+from vllm.exceptions import VLLMError, VLLMValidationError
+from vllm.renderers import TokenizeParams
 from vllm.utils.argparse_utils import FlexibleArgumentParser
 
 # What create_error_response maps to an OpenAI error: vLLM's own hierarchy (client 4xx, server 5xx),
@@ -26,6 +27,12 @@ async def set_engine_weight_version(engine: Any, version: str) -> None:
     await engine.update_weight_version(version)
 
 
+async def pause_engine(engine: Any, mode: str, clear_cache: bool) -> None:
+    """Pause generation: in-flight requests per ``mode`` (keep, wait, abort), new requests queue until resumed."""
+    await engine.pause_generation(mode=mode, clear_cache=clear_cache)
+
+
 __all__ = ["ERROR_TYPES", "PER_REQUEST_METRICS", "ChatCompletionRequest", "CompletionRequest",
-           "FlexibleArgumentParser", "create_error_response", "init_app_state", "make_arg_parser",
-           "set_engine_weight_version", "validate_json_request", "validate_parsed_serve_args", "with_cancellation"]
+           "FlexibleArgumentParser", "TokenizeParams", "VLLMValidationError", "create_error_response",
+           "init_app_state", "make_arg_parser", "pause_engine", "set_engine_weight_version",
+           "validate_json_request", "validate_parsed_serve_args", "with_cancellation"]

@@ -1,16 +1,17 @@
-"""Runs the server's code on vLLM 0.23.0's real Python, with a stand-in engine, and reports what happened.
+"""Runs the server's code on another vLLM release's real Python, with a stand-in engine, and reports what happened.
 
-vLLM 0.23's engine cannot run here (its compiled ops need torch 2.11), but its Python can:
-tests/test_vllm023_serving_contract.py starts this script in a subprocess whose ``sys.path``
-puts vLLM 0.23.0's released source (and a ``vllm 0.23.0+cpu`` metadata stub, so vLLM picks its
-CPU platform) before the installed vLLM 0.32.  Everything from vLLM is then 0.23's: the server
-chooses its 0.23 layout, vLLM 0.23 parses and validates the settings' flags and builds the
-engine config, ``init_app_state`` builds the OpenAI serving objects, and requests go through
-vLLM 0.23's serving code to a stand-in ``AsyncLLM`` that checks every call against the real
-0.23 ``AsyncLLM``'s signatures.  Each check's result is written to a JSON file:
-``{name: {"ok": true, ...data} | {"ok": false, "error": traceback}}``.
+The engines of vLLM 0.23 (vllm-ascend's; its compiled ops need torch 2.11) and vLLM 0.33 (a CUDA
+build) cannot run here, but their Python can: tests/test_vllm023_serving_contract.py and
+tests/test_vllm033_serving_contract.py start this script in a subprocess whose ``sys.path``
+puts the release's source (and a ``vllm <version>+cpu`` metadata stub, so vLLM picks its CPU
+platform) before the installed vLLM 0.32 (tests/vllm_contract.py, `run_probe`).  Everything
+from vLLM is then that release's: the server chooses its layout, vLLM parses and validates the
+settings' flags and builds the engine config, ``init_app_state`` builds the OpenAI serving
+objects, and requests go through the release's serving code to a stand-in ``AsyncLLM`` that
+checks every call against the real ``AsyncLLM``'s signatures.  Each check's result is written
+to a JSON file: ``{name: {"ok": true, ...data} | {"ok": false, "error": traceback}}``.
 
-Usage: ``python vllm023_probe.py MODEL_DIR OUT_JSON``
+Usage: ``python vllm_probe.py MODEL_DIR OUT_JSON``
 """
 
 from __future__ import annotations
@@ -46,6 +47,24 @@ class LogLines(logging.Handler):
         self.lines.append(record.getMessage())
 
 
+def _version() -> str:
+    import vllm
+
+    version: str = vllm.__version__
+    return version
+
+
+def _generation_error() -> type[Exception]:
+    """vLLM's GenerationError (in ``vllm.exceptions`` since 0.32; the OpenAI protocol module's in 0.23)."""
+    import vllm.exceptions
+
+    error = getattr(vllm.exceptions, "GenerationError", None)
+    if error is None:
+        from vllm.entrypoints.openai.engine.protocol import GenerationError as error
+    assert isinstance(error, type) and issubclass(error, Exception)
+    return error
+
+
 def check_layout(model_dir: str) -> dict[str, Any]:
     import vllm
 
@@ -65,10 +84,12 @@ NAMESPACE_FIELDS = ("model", "served_model_name", "seed", "dtype", "tensor_paral
 
 
 def check_flags(model_dir: str) -> dict[str, Any]:
-    """The settings' flags through vLLM 0.23's own parser and validation (`runtime.vllm_namespace`)."""
+    """The settings' flags through the release's own parser and validation (`runtime.vllm_namespace`)."""
+    from vllm.platforms import current_platform
+
     from samrollout.server.runtime import vllm_namespace
     from samrollout.server.settings import ServerSettings
-    from samrollout.server.vllm_serving import FlexibleArgumentParser, make_arg_parser
+    from samrollout.server.vllm_serving import PER_REQUEST_METRICS, FlexibleArgumentParser, make_arg_parser
 
     variants = {
         "default": ServerSettings(model=model_dir),
@@ -85,7 +106,8 @@ def check_flags(model_dir: str) -> dict[str, Any]:
         namespace = vllm_namespace(settings, model_dir)
         logging.getLogger("samrollout.server").removeHandler(log)
         result[name] = {"namespace": {f: _jsonable(getattr(namespace, f)) for f in NAMESPACE_FIELDS},
-                        "log": log.lines}
+                        "log": log.lines, "argv": settings.vllm_argv(model_dir, current_platform.is_cpu(),
+                                                                     per_request_metrics_flags=PER_REQUEST_METRICS)}
     parser = make_arg_parser(FlexibleArgumentParser())
     rejected = {}
     for flag in (["--enable-per-request-metrics"], ["--per-request-spec-decode-metrics", "summary"]):
@@ -106,8 +128,8 @@ def _jsonable(value: Any) -> Any:
         return repr(value)
 
 
-def check_engine_config(model_dir: str) -> dict[str, Any]:
-    """vLLM 0.23 builds the engine config from the settings' flags as start_runtime does."""
+def _engine_config(model_dir: str, speculative_config: dict[str, Any] | None = None) -> tuple[Any, Any]:
+    """(engine args, engine config) as start_runtime builds them; ``speculative_config`` replaces the settings'."""
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.usage.usage_lib import UsageContext
 
@@ -115,10 +137,33 @@ def check_engine_config(model_dir: str) -> dict[str, Any]:
     from samrollout.server.settings import ServerSettings
 
     args = vllm_namespace(ServerSettings(model=model_dir, max_model_len=512), model_dir)
+    if speculative_config is not None:
+        args.speculative_config = speculative_config
     engine_args = AsyncEngineArgs.from_cli_args(args)
-    config = engine_args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
+    return engine_args, engine_args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
+
+
+def check_engine_config(model_dir: str) -> dict[str, Any]:
+    """The release builds the engine config from the settings' flags as start_runtime does.
+
+    Also: whether the settings hand vLLM the static threshold as its batch-size schedule
+    (`samrollout.spec_decode.schedule`), and whether the release keeps such a schedule for a
+    ``custom_class`` proposer when one is passed.
+    """
+    from vllm.config import SpeculativeConfig
+
+    from samrollout.spec_decode.schedule import SCHEDULE_FIELD, threshold_schedule, vllm_has_batch_size_schedule
+
+    engine_args, config = _engine_config(model_dir)
     spec = config.speculative_config
+    kept = None
+    if SCHEDULE_FIELD in SpeculativeConfig.__dataclass_fields__:
+        passed = {"method": "custom_class", "model": spec.model, "num_speculative_tokens": 3,
+                  SCHEDULE_FIELD: threshold_schedule(3, 8)}
+        kept = getattr(_engine_config(model_dir, passed)[1].speculative_config, SCHEDULE_FIELD)
     return {"method": spec.method, "num_speculative_tokens": spec.num_speculative_tokens,
+            "schedule": getattr(spec, SCHEDULE_FIELD, None), "passes_schedule": vllm_has_batch_size_schedule(),
+            "schedule_kept_when_passed": _jsonable(kept),
             "proposer": getattr(spec, "model", None),
             "worker_extension_cls": config.parallel_config.worker_extension_cls,
             "additional_config_keys": sorted(config.additional_config),
@@ -130,10 +175,11 @@ def check_engine_config(model_dir: str) -> dict[str, Any]:
 
 
 class StandInEngine:
-    """What the server and vLLM 0.23's serving layer use of ``AsyncLLM``, with no engine behind it.
+    """What the server and the release's serving layer use of ``AsyncLLM``, with no engine behind it.
 
-    Every method call is bound to the real 0.23 ``AsyncLLM`` method's signature first: a method
-    0.23 lacks, or arguments it does not take, are recorded in ``mismatches`` and raise.
+    Every method call is bound to the real ``AsyncLLM`` method's signature first: a method the
+    release lacks, or arguments it does not take, are recorded in ``mismatches`` and raise.
+    ``engine_core`` (the engine-core client) is checked the same way against ``AsyncMPClient``.
     """
 
     def __init__(self, vllm_config: Any, stat_loggers: list[Callable[..., Any]]) -> None:
@@ -153,18 +199,10 @@ class StandInEngine:
         self.mismatches: list[str] = []
         self.generated: list[dict[str, Any]] = []
         self.paused = self.sleeping = False
+        self.engine_core = StandInEngineCore(self)
 
     def _call(self, name: str, *args: Any, **kwargs: Any) -> None:
-        real = getattr(self._real, name, None)
-        if real is None:
-            self.mismatches.append(f"AsyncLLM.{name} does not exist in vLLM 0.23")
-            raise AttributeError(name)
-        try:
-            inspect.signature(real).bind(self, *args, **kwargs)
-        except TypeError as error:
-            self.mismatches.append(f"AsyncLLM.{name}{inspect.signature(real)} rejects {args} {kwargs}: {error}")
-            raise
-        self.calls.append({"method": name, "kwargs": _jsonable(kwargs)})
+        _bind(self, self._real, "AsyncLLM", name, args, kwargs)
 
     # What the methods that only record their call return (given the engine); None for the rest.
     ANSWERS: ClassVar[dict[str, Callable[[StandInEngine], Any]]] = {
@@ -203,9 +241,10 @@ class StandInEngine:
 
     async def generate(self, prompt: Any, sampling_params: Any, request_id: str, *args: Any,
                        **kwargs: Any) -> AsyncIterator[Any]:
-        from vllm.entrypoints.openai.engine.protocol import GenerationError
         from vllm.exceptions import VLLMNotFoundError, VLLMValidationError
         from vllm.outputs import CompletionOutput, RequestOutput
+
+        generation_error = _generation_error()
 
         self._call("generate", prompt, sampling_params, request_id, *args, **kwargs)
         text = prompt.get("prompt") or ""
@@ -217,15 +256,57 @@ class StandInEngine:
         if "RAISE-NOT-FOUND" in text:
             raise VLLMNotFoundError("the stand-in engine has no such thing")
         if "RAISE-GENERATION" in text:
-            raise GenerationError("the stand-in engine failed")
+            raise generation_error("the stand-in engine failed")
         outputs = [CompletionOutput(index=i, text=" a b c", token_ids=list(TOKENS), cumulative_logprob=None,
                                     logprobs=None, finish_reason="length") for i in range(sampling_params.n)]
         yield RequestOutput(request_id=request_id, prompt=None, prompt_token_ids=list(prompt["prompt_token_ids"]),
                             prompt_logprobs=None, outputs=outputs, finished=True, num_cached_tokens=0)
 
 
+def _bind(engine: StandInEngine, real_class: type, label: str, name: str, args: tuple[Any, ...],
+          kwargs: dict[str, Any]) -> None:
+    """Check a call of ``label.name`` against the release's ``real_class`` and record it in ``engine.calls``."""
+    real = getattr(real_class, name, None)
+    if real is None:
+        engine.mismatches.append(f"{label}.{name} does not exist in vLLM {_version()}")
+        raise AttributeError(name)
+    try:
+        inspect.signature(real).bind(engine, *args, **kwargs)
+    except TypeError as error:
+        engine.mismatches.append(f"{label}.{name}{inspect.signature(real)} rejects {args} {kwargs}: {error}")
+        raise
+    method = name if label == "AsyncLLM" else f"{label}.{name}"
+    engine.calls.append({"method": method, "kwargs": _jsonable(kwargs)})
+
+
+class StandInEngineCore:
+    """``AsyncLLM.engine_core``, the engine-core client, with no engine behind it: each call is checked
+    against the release's ``AsyncMPClient`` and recorded (as ``engine_core.<method>``) in the engine's calls."""
+
+    EFFECTS: ClassVar[dict[str, bool]] = {"pause_scheduler_async": True, "pause_generation_async": True,
+                                          "resume_scheduler_async": False}
+
+    def __init__(self, engine: StandInEngine) -> None:
+        self._engine = engine
+
+    def __getattr__(self, name: str) -> Any:
+        from vllm.v1.engine.core_client import AsyncMPClient
+
+        real = getattr(AsyncMPClient, name, None) if not name.startswith("_") else None
+        if not inspect.iscoroutinefunction(real):
+            raise AttributeError(name)
+
+        async def answer(*args: Any, **kwargs: Any) -> Any:
+            _bind(self._engine, AsyncMPClient, "engine_core", name, args, kwargs)
+            if name in self.EFFECTS:
+                self._engine.paused = self.EFFECTS[name]
+            return self._engine.paused if name == "is_scheduler_paused_async" else None
+
+        return answer
+
+
 def check_server(model_dir: str) -> dict[str, Any]:
-    """The whole server (build_app, lifespan, routes) on vLLM 0.23's serving layer and a stand-in engine."""
+    """The whole server (build_app, lifespan, routes) on the release's serving layer and a stand-in engine."""
     from fastapi.testclient import TestClient
     from vllm.v1.engine.async_llm import AsyncLLM
 
@@ -237,7 +318,7 @@ def check_server(model_dir: str) -> dict[str, Any]:
     real_from_vllm_config = AsyncLLM.from_vllm_config
 
     def from_vllm_config(cls: type, *args: Any, **kwargs: Any) -> StandInEngine:
-        inspect.signature(real_from_vllm_config).bind(*args, **kwargs)  # what the server passes, 0.23 takes
+        inspect.signature(real_from_vllm_config).bind(*args, **kwargs)  # what the server passes, the release takes
         engines.append(StandInEngine(kwargs["vllm_config"], kwargs.get("stat_loggers") or []))
         return engines[-1]
 
@@ -245,7 +326,8 @@ def check_server(model_dir: str) -> dict[str, Any]:
     settings = ServerSettings(model=model_dir, served_model_name="tiny", api_key=API_KEY, max_model_len=512,
                               max_n=4, dtype="float32", threshold_mode="static")
     weights = Path(tempfile.mkdtemp(prefix="probe-weights-"))  # the stand-in engine loads nothing from it
-    (weights / "model.safetensors").write_bytes(b"")
+    for file in Path(model_dir).glob("*.safetensors"):  # but the server checks it against the served layout
+        shutil.copyfile(file, weights / file.name)
     replies: dict[str, Any] = {}
 
     def keep(name: str, response: Any) -> None:
@@ -311,7 +393,7 @@ def check_server(model_dir: str) -> dict[str, Any]:
 
 
 def check_stat_logger(model_dir: str) -> dict[str, Any]:
-    """SamStatLogger is a 0.23 StatLoggerBase and reads 0.23's real per-step statistics."""
+    """SamStatLogger is the release's StatLoggerBase and reads its real per-step statistics."""
     from prometheus_client import REGISTRY
     from vllm.v1.metrics.loggers import StatLoggerBase
     from vllm.v1.metrics.stats import FinishedRequestStats, IterationStats, SchedulerStats
@@ -378,24 +460,69 @@ def check_worker_reload(model_dir: str) -> dict[str, Any]:
 
 
 def check_error_mapping(model_dir: str) -> dict[str, Any]:
-    """vLLM 0.23's create_error_response on what it raises; ERROR_TYPES covers every class it maps."""
-    from vllm.entrypoints.openai.engine.protocol import GenerationError
+    """The release's create_error_response on what it raises; ERROR_TYPES covers every class it maps."""
+    import vllm.exceptions
     from vllm.exceptions import VLLMNotFoundError, VLLMValidationError
+    from vllm.v1.engine.exceptions import EngineDeadError
 
     from samrollout.server.vllm_serving import ERROR_TYPES, create_error_response
 
+    errors = [VLLMValidationError("bad n", parameter="n"), VLLMNotFoundError("no adapter"),
+              _generation_error()("failed"), ValueError("v"), TypeError("t"), OverflowError("o")]
+    if issubclass(EngineDeadError, getattr(vllm.exceptions, "VLLMError", ())):  # 0.23: a bare Exception (a 500)
+        errors.append(EngineDeadError())
+    retryable = getattr(vllm.exceptions, "RetryableRequestError", None)  # 0.33: a paused engine's refusal
+    if retryable is not None:
+        errors.append(retryable("paused"))
     mapped = {}
-    for error in (VLLMValidationError("bad n", parameter="n"), VLLMNotFoundError("no adapter"),
-                  GenerationError("failed"), ValueError("v"), TypeError("t"), OverflowError("o")):
+    for error in errors:
         response = create_error_response(error)
         mapped[type(error).__name__] = {"code": response.error.code, "param": response.error.param,
+                                        "message": response.error.message,
                                         "handled": isinstance(error, ERROR_TYPES)}
     return {"mapped": mapped}
 
 
+def check_no_draft_sampling(model_dir: str) -> dict[str, Any]:
+    """The rejection-sampler patch (a vLLM general plugin) on the release's sampler module, and a draftless step."""
+    import torch
+    from vllm.v1.sample import rejection_sampler
+
+    from samrollout.spec_decode.no_draft_sampling import patch
+
+    patched = patch(rejection_sampler)
+    bonus = torch.tensor([[5], [7]], dtype=torch.int64)
+    # A step without drafts: answered by the patch (vLLM's kernels are never reached with these Nones).
+    out = rejection_sampler.rejection_sample(torch.empty(0, dtype=torch.int32), [0, 0], 0, None, None, None, bonus,
+                                             None)
+    return {"patched": patched, "again": patch(rejection_sampler), "draftless_step": out.tolist(),
+            "dtype": str(out.dtype),
+            "marks": [bool(getattr(getattr(rejection_sampler, name), "__samrollout_patched__", False))
+                      for name in ("rejection_sample", "apply_sampling_constraints")]}
+
+
+def check_pause(model_dir: str) -> dict[str, Any]:
+    """The layout's `pause_engine` in each mode: the calls it makes on the engine and its engine-core client."""
+    import asyncio
+
+    from samrollout.server.vllm_serving import pause_engine
+
+    engine = StandInEngine(_engine_config(model_dir)[1], [])
+    paused = {}
+
+    async def pause_each_mode() -> None:
+        for mode in ("keep", "wait", "abort"):
+            await pause_engine(engine, mode=mode, clear_cache=mode != "keep")
+            paused[mode] = await engine.is_paused()
+            await engine.resume_generation()
+
+    asyncio.run(pause_each_mode())
+    return {"calls": engine.calls, "mismatches": engine.mismatches, "paused": paused}
+
+
 CHECKS = {f.__name__.removeprefix("check_"): f for f in (
     check_layout, check_flags, check_engine_config, check_server, check_stat_logger, check_worker_reload,
-    check_error_mapping)}
+    check_error_mapping, check_no_draft_sampling, check_pause)}
 
 
 def main() -> None:

