@@ -49,18 +49,27 @@ def run_engine_jobs(model: Path, speculation: dict[str, Any] | None, jobs: list[
 API_KEY = "test-key"
 # Fraction of this machine's memory each tiny-model server reserves (KV cache); several run at once.
 TINY_SERVER_MEMORY = 0.1
+TINY_CONTEXT = 512            # the tiny server's --max-model-len
+TINY_MAX_PROMPT_TOKENS = 480  # the tiny server's --max-prompt-tokens
+TINY_CHUNK_TOKENS = 128       # the tiny server's prefill chunk (vLLM's --max-num-batched-tokens)
 
 
 @pytest.fixture(scope="session")
 def tiny_server(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
-    """`samrollout serve` on the tiny model, SAM on, an API key set; stopped with SIGTERM at the end."""
+    """`samrollout serve` on the tiny model, SAM on, an API key set; stopped with SIGTERM at the end.
+
+    Limits: a 512-token context, n <= 16, prompts of at most 480 tokens (TINY_MAX_PROMPT_TOKENS).
+    """
     from server_process import start_server
 
     log = tmp_path_factory.mktemp("tiny-server") / "server.log"
     server = start_server(["--model", str(tiny_dir), "--served-model-name", "tiny", "--api-key", API_KEY,
-                           "--max-model-len", "512", "--max-n", "16", "--dtype", "float32",
+                           "--max-model-len", str(TINY_CONTEXT), "--max-prompt-tokens", str(TINY_MAX_PROMPT_TOKENS),
+                           "--max-n", "16", "--dtype", "float32",
                            "--gpu-memory-utilization", str(TINY_SERVER_MEMORY),
-                           "--threshold-mode", "static", "--", "--enforce-eager"], log)
+                           "--threshold-mode", "static",
+                           # small prefill chunks: long prompts (and seeded ones) are prefilled over several steps
+                           "--", "--max-num-batched-tokens", str(TINY_CHUNK_TOKENS)], log)
     yield server
     server.stop()
 

@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,10 +60,16 @@ class ServerProcess:
 
 def start_server(args: list[str], log: Path, env: dict[str, str] | None = None) -> ServerProcess:
     """Run ``samrollout serve ARGS --port <free>`` and return once /health answers 200."""
+    return start_command(lambda port: [sys.executable, "-m", "samrollout.cli", "serve", "--port", str(port), *args],
+                         log, env)
+
+
+def start_command(command: Callable[[int], list[str]], log: Path, env: dict[str, str] | None = None) -> ServerProcess:
+    """Run the HTTP server ``command(free port)`` (ours or plain ``vllm serve``); return once /health is 200."""
     port = free_port()
     log.parent.mkdir(parents=True, exist_ok=True)
     handle = log.open("wb")
-    process = subprocess.Popen([sys.executable, "-m", "samrollout.cli", "serve", "--port", str(port), *args],
+    process = subprocess.Popen(command(port),
                                stdout=handle, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
                                start_new_session=True)  # its own process group: killpg ends its workers too
     server = ServerProcess(f"http://127.0.0.1:{port}", process, log)

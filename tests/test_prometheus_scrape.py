@@ -1,6 +1,6 @@
 """A real Prometheus server scrapes the running samrollout server; its API must return our series.
 
-Needs the ``prometheus`` binary (Debian package ``prometheus``; `.ci/run` installs it).
+Needs the ``prometheus`` binary (Debian package ``prometheus``; `make test` installs it).
 Every query of the Grafana dashboard (`deploy/grafana/dashboard.py`) must return data.
 """
 
@@ -38,7 +38,7 @@ def dashboard_queries() -> list[str]:
 @pytest.fixture(scope="module")
 def prometheus(tiny_server: ServerProcess, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
     binary = shutil.which("prometheus")
-    assert binary, "the prometheus binary is missing: apt-get install prometheus (.ci/run does)"
+    assert binary, "the prometheus binary is missing: apt-get install prometheus (make test does)"
     work = tmp_path_factory.mktemp("prometheus")
     target = urlparse(tiny_server.url).netloc
     (work / "prometheus.yml").write_text(

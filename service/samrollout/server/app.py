@@ -5,16 +5,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
+from samrollout.metrics.aborts import count_api_aborts
 from samrollout.metrics.drafter import DRAFTER_METRICS
 from samrollout.metrics.http_errors import CountHttpErrors
 from samrollout.server import admin_routes, openai_routes
+from samrollout.server.engine_watch import engine_dead, exit_when_engine_dies, start_up_heartbeat
 from samrollout.server.errors import error_response, install_error_handlers
 from samrollout.server.runtime import ServerRuntime, start_runtime
 from samrollout.server.settings import ServerSettings
@@ -27,17 +29,21 @@ def build_app(settings: ServerSettings) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        runtime = await start_runtime(settings, app.state)
+        with start_up_heartbeat():
+            runtime = await start_runtime(settings, app.state)
+        count_api_aborts(runtime.engine)  # disconnects, /admin/abort_rollout: finish_reason="abort"
         app.state.runtime = runtime
         logger.info("serving %s (weights %s) with speculation %s", runtime.model_name, runtime.weight_version,
                     "on" if settings.speculation else "off")
-        finisher = asyncio.create_task(_finish_idle_rollouts(runtime))
+        background = [asyncio.create_task(_finish_idle_rollouts(runtime)),
+                      asyncio.create_task(exit_when_engine_dies(runtime.engine, lambda: _request_exit(app)))]
         try:
             yield
         finally:
-            finisher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await finisher
+            for task in background:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
             await _stop(runtime)
 
     app = FastAPI(title="samrollout", version=_version(), lifespan=lifespan,
@@ -78,11 +84,19 @@ async def _finish_idle_rollouts(runtime: ServerRuntime, period: float = 0.5) -> 
         runtime.rollouts.finish_idle()
 
 
+def _request_exit(app: FastAPI) -> None:
+    """The engine died: mark it, and stop serving if the launcher said how (`samrollout serve` does)."""
+    app.state.engine_died = True
+    stop: Callable[[], None] | None = getattr(app.state, "request_exit", None)
+    if stop is not None:
+        stop()
+
+
 async def _stop(runtime: ServerRuntime) -> None:
     """Abort whatever is still running, then stop the engine and its worker processes."""
     try:
         ids = runtime.inflight.engine_ids()
-        if ids:
+        if ids and not engine_dead(runtime.engine):
             logger.info("shutting down: aborting %d engine requests still in flight", len(ids))
             await runtime.engine.abort(ids)
     finally:

