@@ -31,7 +31,6 @@ import pytest
 from ascend_source import ascend_source
 from pypi_source import Artifact, SourceUnavailable, fetch_source
 from samrollout.cli import main as cli_main
-from samrollout.metrics.engine_stats import SamStatLogger
 from samrollout.server import vllm_serving
 from samrollout.server.settings import ServerSettings
 from samrollout.server.vllm_version import SUPPORTED_SERIES, UnsupportedVllmError, serving_series
@@ -46,7 +45,9 @@ from vllm_contract import (
     assert_no_draft_sampling,
     assert_openai_routes,
     assert_rl_ids_reach_the_engine,
+    assert_serving_methods,
     assert_stat_logger,
+    assert_stat_logger_interface,
     assert_worker_reload,
     check_engine_calls,
     class_attributes,
@@ -228,23 +229,11 @@ def test_app_state_attributes_the_routes_read_are_set_by_vllm_0_23(v023: Path) -
 
 
 def test_serving_objects_have_the_methods_the_routes_call(v023: Path) -> None:
-    for module, name, method, expected in (
-            ("vllm.entrypoints.openai.completion.serving", "OpenAIServingCompletion", "create_completion",
-             ["request", "raw_request"]),
-            ("vllm.entrypoints.openai.chat_completion.serving", "OpenAIServingChat", "create_chat_completion",
-             ["request", "raw_request"]),
-            ("vllm.entrypoints.openai.models.serving", "OpenAIServingModels", "show_available_models", [])):
-        assert params(function_def(class_def(v023, module, name), method)) == expected, f"vLLM 0.23's {name}.{method}"
+    assert_serving_methods(v023, "0.23")
 
 
 def test_stat_logger_fits_vllm_0_23s_interface(v023: Path) -> None:
-    base = class_def(v023, "vllm.v1.metrics.loggers", "StatLoggerBase")
-    abstract = {n.name: n for n in base.body if isinstance(n, ast.FunctionDef)
-                and any(ast.unparse(d) == "abstractmethod" for d in n.decorator_list)}
-    assert set(abstract) == {"__init__", "record", "log_engine_initialized"}
-    for name, function in abstract.items():
-        ours = [p for p in inspect.signature(getattr(SamStatLogger, name)).parameters if p != "self"]
-        assert ours == params(function), f"SamStatLogger.{name} vs vLLM 0.23's StatLoggerBase.{name}"
+    assert_stat_logger_interface(v023, "0.23")
     # 0.23 counts no drafted tokens per position (engine_stats falls back); 0.32 does.
     fields = dataclass_fields(class_def(v023, "vllm.v1.spec_decode.metrics", "SpecDecodingStats"))
     assert "num_accepted_tokens_per_pos" in fields and "num_draft_tokens_per_pos" not in fields

@@ -31,7 +31,6 @@ import pytest
 import vllm
 
 from pypi_source import Artifact, SourceUnavailable, fetch_source
-from samrollout.metrics.engine_stats import SamStatLogger
 from samrollout.server import vllm_serving
 from samrollout.spec_decode import no_draft_sampling, schedule
 from samrollout.spec_decode.proposer import SamProposer
@@ -47,7 +46,9 @@ from vllm_contract import (
     assert_no_draft_sampling,
     assert_openai_routes,
     assert_rl_ids_reach_the_engine,
+    assert_serving_methods,
     assert_stat_logger,
+    assert_stat_logger_interface,
     assert_worker_reload,
     check_engine_calls,
     class_attributes,
@@ -231,23 +232,11 @@ def test_app_state_attributes_the_routes_read_are_set_by_vllm_0_33(v033: Path) -
 
 
 def test_serving_objects_have_the_methods_the_routes_call(v033: Path) -> None:
-    for module, name, method, expected in (
-            ("vllm.entrypoints.openai.completion.serving", "OpenAIServingCompletion", "create_completion",
-             ["request", "raw_request"]),
-            ("vllm.entrypoints.openai.chat_completion.serving", "OpenAIServingChat", "create_chat_completion",
-             ["request", "raw_request"]),
-            ("vllm.entrypoints.openai.models.serving", "OpenAIServingModels", "show_available_models", [])):
-        assert params(function_def(class_def(v033, module, name), method)) == expected, f"vLLM 0.33's {name}.{method}"
+    assert_serving_methods(v033, "0.33")
 
 
 def test_stat_logger_fits_vllm_0_33s_interface(v033: Path) -> None:
-    base = class_def(v033, "vllm.v1.metrics.loggers", "StatLoggerBase")
-    abstract = {n.name: n for n in base.body if isinstance(n, ast.FunctionDef)
-                and any(ast.unparse(d) == "abstractmethod" for d in n.decorator_list)}
-    assert set(abstract) == {"__init__", "record", "log_engine_initialized"}
-    for name, function in abstract.items():
-        ours = [p for p in inspect.signature(getattr(SamStatLogger, name)).parameters if p != "self"]
-        assert ours == params(function), f"SamStatLogger.{name} vs vLLM 0.33's StatLoggerBase.{name}"
+    assert_stat_logger_interface(v033, "0.33")
     spec = dataclass_fields(class_def(v033, "vllm.v1.spec_decode.metrics", "SpecDecodingStats"))
     assert {"num_drafts", "num_draft_tokens", "num_accepted_tokens", "num_accepted_tokens_per_pos",
             "num_draft_tokens_per_pos"} <= spec

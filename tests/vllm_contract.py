@@ -11,6 +11,7 @@ tests/vllm_probe.py in a subprocess whose ``sys.path`` puts that source before t
 from __future__ import annotations
 
 import ast
+import inspect
 import json
 import os
 import subprocess
@@ -102,6 +103,31 @@ def accepts(function: Function, positional: int, keywords: set[str]) -> str | No
 def dataclass_fields(cls: ast.ClassDef) -> set[str]:
     """The annotated names of a class body (a dataclass's or pydantic model's fields)."""
     return {n.target.id for n in cls.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
+
+
+def assert_serving_methods(root: Path, version: str) -> None:
+    """vLLM's OpenAI serving objects have the methods our routes call, with the parameters they pass."""
+    for module, name, method, expected in (
+            ("vllm.entrypoints.openai.completion.serving", "OpenAIServingCompletion", "create_completion",
+             ["request", "raw_request"]),
+            ("vllm.entrypoints.openai.chat_completion.serving", "OpenAIServingChat", "create_chat_completion",
+             ["request", "raw_request"]),
+            ("vllm.entrypoints.openai.models.serving", "OpenAIServingModels", "show_available_models", [])):
+        assert params(function_def(class_def(root, module, name), method)) == expected, \
+            f"vLLM {version}'s {name}.{method}"
+
+
+def assert_stat_logger_interface(root: Path, version: str) -> None:
+    """`SamStatLogger` implements exactly the abstract methods of vLLM's `StatLoggerBase`, with its parameters."""
+    from samrollout.metrics.engine_stats import SamStatLogger
+
+    base = class_def(root, "vllm.v1.metrics.loggers", "StatLoggerBase")
+    abstract = {n.name: n for n in base.body if isinstance(n, ast.FunctionDef)
+                and any(ast.unparse(d) == "abstractmethod" for d in n.decorator_list)}
+    assert set(abstract) == {"__init__", "record", "log_engine_initialized"}
+    for name, function in abstract.items():
+        ours = [p for p in inspect.signature(getattr(SamStatLogger, name)).parameters if p != "self"]
+        assert ours == params(function), f"SamStatLogger.{name} vs vLLM {version}'s StatLoggerBase.{name}"
 
 
 def all_names(path: Path) -> list[str]:
