@@ -17,7 +17,7 @@ Paths (``--paths``), each given the same requests at concurrency 1, 16 and 64: g
 It prints tokens/s and mean/p99 latency per path and concurrency and the ratios
 served/engine (SAM on and off) and served/vllm_serve, and writes JSON and a plot. With
 ``--repeats N`` every path runs N times, in a rotated order each round, and the median
-round counts (the JSON keeps every round and the range).
+round counts (the lower middle one of an even number; the JSON keeps every round and the range).
 """
 
 from __future__ import annotations
