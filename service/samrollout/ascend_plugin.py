@@ -36,9 +36,12 @@ import importlib.metadata
 import logging
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any
+
+from samrollout.post_import import PatchAfterImport as _PatchAfterImport  # noqa: F401  (tests find it on sys.meta_path)
+from samrollout.post_import import patch_on_import
 
 # A child of vLLM's logger, so the lines show up in vLLM's log (format, VLLM_LOGGING_LEVEL) in every process.
 logger = logging.getLogger("vllm.samrollout.ascend_plugin")
@@ -213,51 +216,6 @@ def installed_versions() -> tuple[str | None, str | None]:
     return ascend, os.environ.get("VLLM_VERSION") or version("vllm")
 
 
-class _PatchingLoader(importlib.abc.Loader):
-    """Runs the real loader, then the patch; anything else is the real loader's."""
-
-    def __init__(self, loader: importlib.abc.Loader, patch: Callable[[ModuleType], None]) -> None:
-        self._loader = loader
-        self._patch = patch
-
-    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
-        return self._loader.create_module(spec)
-
-    def exec_module(self, module: ModuleType) -> None:
-        self._loader.exec_module(module)
-        try:
-            self._patch(module)
-        except Exception:  # a vllm-ascend we do not understand: leave it as it is, say so
-            logger.exception("samrollout: could not patch %s; method 'custom_class' stays unavailable",
-                             module.__name__)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._loader, name)
-
-
-class _PatchAfterImport(importlib.abc.MetaPathFinder):
-    """Patches one module right after its first import (Python has no post-import hook)."""
-
-    def __init__(self, module_name: str, patch: Callable[[ModuleType], None]) -> None:
-        self.module_name = module_name
-        self.patch = patch
-
-    def find_spec(self, fullname: str, path: Sequence[str] | None,
-                  target: ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
-        if fullname != self.module_name:
-            return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec: importlib.machinery.ModuleSpec | None = finder.find_spec(fullname, path, target)
-            if spec is None:
-                continue
-            if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                spec.loader = _PatchingLoader(spec.loader, self.patch)
-            return spec
-        return None
-
-
 def register() -> None:
     """The ``vllm.general_plugins`` entry point: idempotent, never raises, a no-op off Ascend."""
     global _registered
@@ -270,10 +228,6 @@ def register() -> None:
             log = logger.debug if reason == "vllm-ascend is not installed" else logger.info
             log("samrollout: Ascend plugin off: %s", reason)
             return
-        module = sys.modules.get(RUNNER_MODULE)
-        if module is not None:  # imported before the plugins were loaded: patch it now
-            apply_patches(module)
-        else:
-            sys.meta_path.insert(0, _PatchAfterImport(RUNNER_MODULE, apply_patches))
+        patch_on_import(RUNNER_MODULE, apply_patches, "method 'custom_class' stays unavailable", logger)
     except Exception:
         logger.warning("samrollout: Ascend plugin failed to register", exc_info=True)

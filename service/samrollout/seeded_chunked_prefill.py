@@ -23,6 +23,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from samrollout.post_import import patch_on_import
+
 logger = logging.getLogger("vllm.samrollout.seeded_chunked_prefill")
 _TARGET_MODULE = "vllm.v1.worker.gpu_model_runner"
 _TARGET_CLASS = "GPUModelRunner"
@@ -101,25 +103,12 @@ def patch(runner_class: Any) -> bool:
 
 
 def register() -> None:
-    """vLLM general plugin entry point: on CPU, patch the model runner once vLLM imports it (never raises).
-
-    A post-import hook: processes that never build a model runner (the API server, the
-    engine core) do not pay the seconds its import takes.
-    """
+    """vLLM general plugin entry point: on CPU, patch the model runner once vLLM imports it (never raises)."""
     try:
         from vllm.platforms import current_platform
 
-        if not current_platform.is_cpu():
-            return
-        import wrapt
-
-        wrapt.register_post_import_hook(_patch_module, _TARGET_MODULE)
+        if current_platform.is_cpu():
+            patch_on_import(_TARGET_MODULE, lambda module: patch(getattr(module, _TARGET_CLASS)),
+                            "seeded requests whose prefill is chunked crash the CPU worker", logger)
     except Exception as exc:  # a plugin must not stop vLLM from starting
-        logger.warning("samrollout: seeded chunked prefill not patched: %s", exc)
-
-
-def _patch_module(module: Any) -> None:
-    try:
-        patch(getattr(module, _TARGET_CLASS))
-    except Exception as exc:
         logger.warning("samrollout: seeded chunked prefill not patched: %s", exc)

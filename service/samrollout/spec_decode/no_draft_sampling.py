@@ -30,6 +30,8 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from samrollout.post_import import patch_on_import
+
 logger = logging.getLogger("vllm.samrollout.no_draft_sampling")
 _TARGET_MODULE = "vllm.v1.sample.rejection_sampler"
 _PARAMETERS = ("draft_token_ids", "num_draft_tokens", "max_spec_len", "cu_num_draft_tokens", "draft_probs",
@@ -88,21 +90,8 @@ def patch(module: Any) -> bool:
 
 
 def register() -> None:
-    """vLLM general plugin entry point: patch the rejection sampler when it is imported (never raises).
-
-    The patch waits for vLLM to import the module (a post-import hook): importing it here
-    would cost every vLLM process, the API server's included, seconds of start-up.
-    """
+    """vLLM general plugin entry point: patch the rejection sampler once vLLM imports it (never raises)."""
     try:
-        import wrapt
-
-        wrapt.register_post_import_hook(_patch_quietly, _TARGET_MODULE)
+        patch_on_import(_TARGET_MODULE, patch, "steps without drafts run vLLM's full rejection sampling", logger)
     except Exception as exc:  # a plugin must not stop vLLM from starting
-        logger.warning("samrollout: rejection sampler not patched: %s", exc)
-
-
-def _patch_quietly(module: Any) -> None:
-    try:
-        patch(module)
-    except Exception as exc:
         logger.warning("samrollout: rejection sampler not patched: %s", exc)
