@@ -10,6 +10,7 @@ import threading
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 from pydantic import ValidationError
 
@@ -82,13 +83,62 @@ def test_groups_spread_over_two_endpoints_with_siblings_together(tiny_server: Se
     assert set().union(*endpoints) == {tiny_server.url, second_server.url}
 
 
+def test_predicted_work_placement_balances_the_remembered_lengths_over_two_endpoints(
+        tiny_server: ServerProcess, second_server: ServerProcess) -> None:
+    """First rollout: lengths learned; second: the long groups are split, not stacked on one server."""
+    lengths = [200, 190, 20, 20, 20, 20]  # enforced through max_tokens here, one rollout per length set
+
+    async def run() -> list[str]:
+        async with AsyncRolloutClient([tiny_server.url, second_server.url], model="tiny", api_key=API_KEY,
+                                      max_in_flight=32, placement="predicted-work") as client:
+            prompts = [f"placement {i}" for i in range(len(lengths))]
+            for prompt, length in zip(prompts, lengths, strict=True):
+                await client.generate([prompt], n=2, sampling=Sampling(max_tokens=length, temperature=0,
+                                                                       extra={"ignore_eos": True}))
+            assert len(client.history) == len(prompts)
+            groups = await client.generate(prompts, n=2, sampling=Sampling(max_tokens=8, temperature=0),
+                                           rollout_id="placement")
+            assert all(len({s.endpoint for s in g.samples}) == 1 for g in groups)
+            return [g.samples[0].endpoint for g in groups]
+
+    endpoints = asyncio.run(run())
+    assert endpoints[0] != endpoints[1]  # the two long groups on different servers
+    assert endpoints[2:].count(endpoints[0]) == 2 and endpoints[2:].count(endpoints[1]) == 2
+
+
+def test_predicted_work_places_the_longest_group_first_on_the_least_loaded_endpoint() -> None:
+    from samrollout_client.placement import place_by_predicted_work
+
+    assert place_by_predicted_work([100, 90, 50, 40], 2) == [0, 1, 1, 0]
+    assert place_by_predicted_work([None, 300, 100], 2) == [1, 0, 1]  # unknown: the mean of the known (200)
+    assert place_by_predicted_work([10, 10], 2, load=[0, 500]) == [0, 0]
+    with pytest.raises(ValueError):
+        AsyncRolloutClient("http://127.0.0.1:1", model="m", placement="random")  # type: ignore[arg-type]
+
+
+def _kill_once_generating(server: ServerProcess, timeout: float = 120.0) -> None:
+    """SIGKILL ``server`` as soon as its engine runs requests (a crash mid-rollout, whatever the machine's speed)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            text = httpx.get(f"{server.url}/metrics", timeout=5).text
+        except httpx.HTTPError:
+            break
+        running = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith("vllm:num_requests_running")]
+        if running and running[0] > 0:
+            break
+        time.sleep(0.02)
+    server.kill()
+
+
 def test_a_server_killed_mid_rollout_has_its_samples_retried_elsewhere(tiny_server: ServerProcess, tiny_dir: Path,
                                                                        tmp_path: Path) -> None:
     doomed = start_server(tiny_args(tiny_dir), tmp_path / "doomed.log")
     try:
         with RolloutClient([tiny_server.url, doomed.url], model="tiny", api_key=API_KEY, max_in_flight=32,
                            backoff_s=0.2) as client:
-            killer = threading.Timer(1.5, doomed.kill)
+            killer = threading.Thread(target=_kill_once_generating, args=(doomed,))
             killer.start()
             groups = client.generate([f"survive {i}" for i in range(8)], n=4,
                                      sampling=Sampling(max_tokens=300, temperature=0, extra={"ignore_eos": True}),

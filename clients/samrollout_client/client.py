@@ -4,7 +4,8 @@
         groups = await client.generate(prompts, n=8, sampling=Sampling(max_tokens=512), rollout_id="step-3")
 
 Each prompt becomes a group of ``n`` requests (one sample each) carrying one ``group_id``
-and the ``rollout_id``, sent to one endpoint so the server drafts across the siblings;
+and the ``rollout_id``, sent to one endpoint so the server drafts across the siblings
+(which endpoint: ``placement``, see `samrollout_client.placement`);
 at most ``max_in_flight`` requests are outstanding.  A request that fails with a
 connection error, a timeout or a 5xx is retried on another endpoint with backoff; a 4xx
 is not retried.  Results come back in input order; if anything is still missing after the
@@ -24,6 +25,7 @@ import httpx
 
 from samrollout_client.endpoints import Endpoint, EndpointPool
 from samrollout_client.errors import NoEndpointAvailable, RequestRejected, RolloutFailed, SamrolloutError
+from samrollout_client.placement import PLACEMENTS, LengthHistory, Placement, place_by_predicted_work
 from samrollout_client.progress import RolloutProgress
 from samrollout_client.report import combine_summaries
 from samrollout_client.types import GroupResult, Prompt, RolloutReport, Sample, SampleFailure, Sampling, SpecStats
@@ -40,10 +42,15 @@ class AsyncRolloutClient:
 
     def __init__(self, endpoints: str | Sequence[str], model: str, *, api_key: str | None = None,
                  max_in_flight: int = 64, max_attempts: int = 4, request_timeout_s: float = 600.0,
-                 backoff_s: float = 0.5, progress: bool = False) -> None:
+                 backoff_s: float = 0.5, progress: bool = False,
+                 placement: Placement = "least-outstanding") -> None:
         urls = [endpoints] if isinstance(endpoints, str) else list(endpoints)
         if max_in_flight < 1 or max_attempts < 1:
             raise ValueError("max_in_flight and max_attempts must be at least 1")
+        if placement not in PLACEMENTS:
+            raise ValueError(f"placement must be one of {PLACEMENTS}, got {placement!r}")
+        self.placement = placement
+        self.history = LengthHistory()  # response lengths per prompt, from this client's earlier rollouts
         self.pool = EndpointPool(urls, min_backoff_s=backoff_s)
         self.model, self.max_in_flight, self.max_attempts = model, max_in_flight, max_attempts
         self.backoff_s, self.progress = backoff_s, progress
@@ -83,8 +90,11 @@ class AsyncRolloutClient:
         gate = asyncio.Semaphore(self.max_in_flight)
         bar = RolloutProgress(len(prompts) * n, enabled=self.progress, description=rollout_id)
 
+        planned = self._plan(prompts, n)
+
         async def run_group(group: GroupResult) -> None:
-            home = await self._choose()  # siblings go together, so they share the server's group automaton
+            # siblings go together, so they share the server's group automaton
+            home = planned[group.index] if planned and not planned[group.index].down else await self._choose()
             home.outstanding += n  # reserved now, so the next group's choice sees this one
             await asyncio.gather(*(run_sample(group, i, home) for i in range(n)))
 
@@ -113,10 +123,19 @@ class AsyncRolloutClient:
             bar.close()
         for group in groups:
             group.samples = [s for s in slots[group.index] if s is not None]
+            self.history.record(group.prompt, [len(s.token_ids) for s in group.samples if s.finish_reason != "abort"])
         if failures:
             failures.sort(key=lambda f: (f.group, f.sample))
             raise RolloutFailed(f"rollout {rollout_id} is incomplete", failures, groups)
         return groups
+
+    def _plan(self, prompts: Sequence[Prompt], n: int) -> list[Endpoint] | None:
+        """With ``predicted-work`` placement, each group's endpoint (None: choose as each group starts)."""
+        up = [e for e in self.pool.endpoints if not e.down]
+        if self.placement != "predicted-work" or len(up) < 2:
+            return None
+        predicted = [None if (p := self.history.predict(prompt)) is None else p * n for prompt in prompts]
+        return [up[i] for i in place_by_predicted_work(predicted, len(up))]
 
     async def _choose(self, avoid: set[str] | None = None) -> Endpoint:
         return await self.pool.choose(self._http, avoid)

@@ -218,6 +218,21 @@ PANELS: list[Panel] = [
     ), ROLLOUTS, width=6, min=1,
         description=f"Longest / median response length (tokens) of the rollouts that ended in the last "
                     f"{ROLLOUT_WINDOW}."),
+    Panel("Queue time", "s", (
+        _quantile(0.5, "samrollout_scheduler_wait_seconds", legend="server wait p50"),
+        _quantile(0.99, "samrollout_scheduler_wait_seconds", legend="server wait p99"),
+        _quantile(0.5, "samrollout_engine_queue_seconds", legend="engine queue p50"),
+        _quantile(0.99, "samrollout_engine_queue_seconds", legend="engine queue p99"),
+    ), ROLLOUTS, width=12, min=0,
+        description="Time a sequence waited for an engine slot: in the server under length-aware scheduling "
+                    "(empty under fcfs), and in the engine's own queue."),
+    Panel("Length prediction error", "percentunit", (
+        _quantile(0.1, "samrollout_scheduler_length_prediction_error_ratio", legend="p10"),
+        _quantile(0.5, "samrollout_scheduler_length_prediction_error_ratio", legend="p50"),
+        _quantile(0.9, "samrollout_scheduler_length_prediction_error_ratio", legend="p90"),
+    ), ROLLOUTS, width=12,
+        description="(predicted - actual) / actual output length of the sequences length-aware scheduling "
+                    "admitted by prediction (not the probes); empty under fcfs."),
 ]
 
 

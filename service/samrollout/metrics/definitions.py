@@ -68,6 +68,20 @@ ROLLOUT_TOKENS = Counter(f"{P}rollout_tokens", "Rollout output tokens from accep
                          ["source"])
 ROLLOUTS_ACTIVE = Gauge(f"{P}rollouts_active", "Rollouts with requests in flight")
 
+# Rollout scheduling (`server.admission`).
+_ERROR_RATIO = (-0.9, -0.75, -0.5, -0.25, -0.1, 0.0, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 9.0)
+SCHEDULING_POLICY = Gauge(f"{P}rollout_scheduling_info", "The server's rollout scheduling policy (value 1)",
+                          ["policy"])
+SCHEDULER_WAIT = Histogram(f"{P}scheduler_wait_seconds",
+                           "Time a sequence waited in the server for an engine slot (length-aware scheduling)",
+                           buckets=_LATENCY)
+SCHEDULER_WAITING = Gauge(f"{P}scheduler_waiting_sequences", "Sequences waiting in the server for an engine slot")
+SCHEDULER_PREDICTION_ERROR = Histogram(
+    f"{P}scheduler_length_prediction_error_ratio",
+    "(predicted - actual) / actual output length of non-probe sequences, predicted when admitted", buckets=_ERROR_RATIO)
+ENGINE_QUEUE = Histogram(f"{P}engine_queue_seconds", "Time a finished request waited in the engine's queue",
+                         buckets=_LATENCY)
+
 WEIGHT_VERSION = Gauge(f"{P}weight_version_info", "The served weight version (value 1)", ["version"])
 
 
@@ -77,3 +91,9 @@ def set_weight_version(version: str, previous: str | None = None) -> None:
         with contextlib.suppress(KeyError):
             WEIGHT_VERSION.remove(previous)
     WEIGHT_VERSION.labels(version=version).set(1)
+
+
+def set_scheduling_policy(policy: str) -> None:
+    """Expose ``policy`` as the server's one rollout scheduling policy."""
+    SCHEDULING_POLICY.clear()
+    SCHEDULING_POLICY.labels(policy=policy).set(1)

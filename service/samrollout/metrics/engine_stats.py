@@ -73,6 +73,7 @@ class SamStatLogger(StatLoggerBase):
             m.TIME_TO_FIRST_TOKEN.observe(ttft)
         for finished in stats.finished_requests:
             m.REQUEST_LATENCY.observe(finished.e2e_latency)
+            m.ENGINE_QUEUE.observe(getattr(finished, "queued_time", 0.0))
             m.PROMPT_TOKENS.observe(finished.num_prompt_tokens)
             m.OUTPUT_TOKENS.observe(finished.num_generation_tokens)
             if finished.num_generation_tokens > 1:

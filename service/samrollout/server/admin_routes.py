@@ -18,7 +18,6 @@ from samrollout.server.auth import require_api_key
 from samrollout.server.errors import ApiError
 from samrollout.server.rl_fields import ID_PATTERN
 from samrollout.server.runtime import ServerRuntime
-from samrollout.server.vllm_serving import pause_engine
 
 router = APIRouter(prefix="/admin", dependencies=[Depends(require_api_key)])
 _ERRORS: dict[int | str, dict[str, Any]] = {400: {"description": "bad request"}, 401: {"description": "no key"},
@@ -70,7 +69,7 @@ async def update_weights(body: UpdateWeights, request: Request) -> dict[str, Any
 async def pause(request: Request, body: Pause | None = None) -> dict[str, Any]:
     """Stop scheduling generation until /admin/resume."""
     mode = (body or Pause()).mode
-    await pause_engine(_runtime(request).engine, mode=mode, clear_cache=False)
+    await _runtime(request).pause(mode, clear_cache=False)
     return {"paused": True, "mode": mode}
 
 
@@ -120,7 +119,7 @@ async def reset_prefix_cache(request: Request) -> dict[str, Any]:
 
 @router.get("/status", responses=_ERRORS)
 async def status(request: Request) -> dict[str, Any]:
-    """Weight version, paused/sleeping, HTTP requests in flight, and the drafter's counters.
+    """Weight version, paused/sleeping, HTTP requests in flight, rollout scheduling, and the drafter's counters.
 
     ``sleeping`` is what /admin/sleep did, not the engine's ``is_sleeping()``, which is also
     true while generation is merely paused.
@@ -129,4 +128,4 @@ async def status(request: Request) -> dict[str, Any]:
     return {"model": runtime.model_name, "weight_version": runtime.weight_version,
             "paused": await runtime.engine.is_paused(), "sleeping": runtime.sleep_level is not None,
             "sleep_level": runtime.sleep_level, "in_flight_requests": len(runtime.inflight),
-            "drafter": await runtime.drafter_stats()}
+            "scheduling": runtime.scheduling_status(), "drafter": await runtime.drafter_stats()}

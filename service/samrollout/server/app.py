@@ -98,7 +98,7 @@ async def _stop(runtime: ServerRuntime) -> None:
         ids = runtime.inflight.engine_ids()
         if ids and not engine_dead(runtime.engine):
             logger.info("shutting down: aborting %d engine requests still in flight", len(ids))
-            await runtime.engine.abort(ids)
+            await runtime.generation.abort(ids)
     finally:
         runtime.engine.shutdown()
 

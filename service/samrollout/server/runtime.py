@@ -19,10 +19,13 @@ from typing import Any, Literal
 
 from starlette.datastructures import State
 
-from samrollout.metrics.definitions import set_weight_version
+from samrollout.metrics.definitions import set_scheduling_policy, set_weight_version
 from samrollout.metrics.rollouts import RolloutTracker
+from samrollout.server.admission import AdmissionScheduler
 from samrollout.server.errors import ApiError
 from samrollout.server.inflight import InflightRegistry
+from samrollout.server.length_predictor import LengthPredictor
+from samrollout.server.scheduled_engine import ScheduledEngineClient, output_tokens_so_far
 from samrollout.server.settings import ServerSettings
 from samrollout.server.weights_check import Layout, WeightsError, check_weights_dir, checkpoint_layout
 
@@ -69,6 +72,7 @@ class ServerRuntime:
 
     settings: ServerSettings
     engine: Any                      # vllm.v1.engine.async_llm.AsyncLLM
+    generation: Any                  # what vLLM's serving objects generate with: the engine, or ScheduledEngineClient
     state: State                     # the app state vLLM's init_app_state filled
     model_name: str
     vocab_size: int
@@ -85,8 +89,23 @@ class ServerRuntime:
         requests = self.inflight.of_rollout(rollout_id)
         ids = self.inflight.engine_ids(requests)
         if ids:
-            await self.engine.abort(ids)
+            await self.generation.abort(ids)
         return len(requests)
+
+    async def pause(self, mode: str, clear_cache: bool) -> None:
+        """Pause generation; with mode "abort", sequences still waiting for admission end too."""
+        from samrollout.server.vllm_serving import pause_engine
+
+        if mode == "abort" and isinstance(self.generation, ScheduledEngineClient):
+            self.generation.abort_all_waiting()
+        await pause_engine(self.engine, mode=mode, clear_cache=clear_cache)
+
+    def scheduling_status(self) -> dict[str, Any]:
+        """The rollout scheduling policy and, under length-aware, its queue (for /admin/status)."""
+        status: dict[str, Any] = {"policy": self.settings.rollout_scheduling}
+        if isinstance(self.generation, ScheduledEngineClient):
+            status.update(self.generation.scheduler.status())
+        return status
 
     async def update_weights(self, path: str, version: str, in_flight: InFlightChoice) -> dict[str, Any]:
         """Load new policy weights from ``path`` between steps and serve them as ``version``.
@@ -97,7 +116,7 @@ class ServerRuntime:
         were built by the old policy.  The files are checked first (`weights_check`): a bad
         directory is a 400 naming the file and tensor, and the engine never sees it.
         """
-        from samrollout.server.vllm_serving import pause_engine, set_engine_weight_version
+        from samrollout.server.vllm_serving import set_engine_weight_version
 
         try:  # file IO: off the event loop
             folder = await asyncio.to_thread(check_weights_dir, path, self.expected_weights)
@@ -105,7 +124,7 @@ class ServerRuntime:
             raise ApiError(400, f"weights not loaded: {error}", "path") from None
         async with self.update_lock:
             old = self.weight_version
-            await pause_engine(self.engine, mode=in_flight, clear_cache=True)
+            await self.pause(in_flight, clear_cache=True)
             try:
                 await self.engine.collective_rpc("samrollout_reload_weights", kwargs={"weights_path": str(folder)})
                 await self.engine.reset_prefix_cache()
@@ -164,6 +183,19 @@ def build_engine(settings: ServerSettings, model_path: str) -> tuple[Any, argpar
     return engine, args
 
 
+def generation_client(settings: ServerSettings, engine: Any) -> Any:
+    """The engine client vLLM's serving objects call: the engine itself (fcfs) or length-aware admission."""
+    set_scheduling_policy(settings.rollout_scheduling)
+    if settings.rollout_scheduling == "fcfs":
+        return engine
+    capacity = int(engine.vllm_config.scheduler_config.max_num_seqs)
+    scheduler = AdmissionScheduler(capacity, LengthPredictor(settings.scheduling_history),
+                                   lambda request_id: output_tokens_so_far(engine, request_id))
+    logger.info("length-aware rollout scheduling: at most %d sequences in the engine, probes first, then the "
+                "longest predicted groups", capacity)
+    return ScheduledEngineClient(engine, scheduler)
+
+
 async def start_runtime(settings: ServerSettings, state: State) -> ServerRuntime:
     """Build the engine and vLLM's serving objects for ``settings`` (tens of seconds on CPU)."""
     from samrollout.server.vllm_serving import init_app_state, set_engine_weight_version
@@ -171,16 +203,17 @@ async def start_runtime(settings: ServerSettings, state: State) -> ServerRuntime
     model_path = resolve_model(settings)
     engine, args = build_engine(settings, model_path)
     vllm_config = engine.vllm_config
+    generation = generation_client(settings, engine)
     try:
         supported = await engine.get_supported_tasks()
-        await init_app_state(engine, state, args, supported)
+        await init_app_state(generation, state, args, supported)
         await set_engine_weight_version(engine, settings.weight_version)
         set_weight_version(settings.weight_version)
     except BaseException:
         engine.shutdown()
         raise
     model_config = vllm_config.model_config
-    return ServerRuntime(settings=settings, engine=engine, state=state,
+    return ServerRuntime(settings=settings, engine=engine, generation=generation, state=state,
                          model_name=settings.public_model_name(model_path),
                          vocab_size=int(model_config.get_vocab_size()),
                          max_model_len=int(model_config.max_model_len),

@@ -18,6 +18,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from samrollout.config import ADDITIONAL_CONFIG_KEY, SpeculationConfig, ThresholdMode
 from samrollout.drafter import DraftPolicy
 from samrollout.engine import vllm_speculative_config
+from samrollout.server.admission import SchedulingPolicy
 from samrollout.server.cpu_defaults import cpu_dtype
 from samrollout.spec_decode.worker_extension import WORKER_EXTENSION_CLASS
 
@@ -67,6 +68,12 @@ class ServerSettings(BaseSettings):
         True, description="split long prompts across engine steps, so one long prompt cannot stall the others")
     per_request_metrics: bool = Field(
         True, description="per-request timing and acceptance in responses (n = 1; vLLM 0.32 and 0.33, not 0.23)")
+    rollout_scheduling: SchedulingPolicy = Field(
+        "fcfs", description="fcfs: requests enter the engine as they arrive (vLLM's order); length-aware: each "
+        "group's first sequence first, then the groups predicted longest (README: Scheduling)")
+    scheduling_history: int = Field(
+        4096, ge=0, le=1_000_000, description="prompts whose response lengths length-aware scheduling remembers "
+        "from earlier rollouts (LRU; 0: none)")
     rollout_idle_seconds: float = Field(2.0, gt=0.0, description="a rollout ends this long after its last response")
     shutdown_timeout: float = Field(30.0, ge=0.0, description="seconds SIGTERM waits for in-flight requests")
     log_level: LogLevel = Field("info", description="server log level")
@@ -178,6 +185,8 @@ _FLAGS: dict[str, dict[str, Any]] = {
     "chunked_prefill": {"action": argparse.BooleanOptionalAction},
     "compile": {"action": argparse.BooleanOptionalAction},
     "per_request_metrics": {"action": argparse.BooleanOptionalAction},
+    "rollout_scheduling": {"choices": ["fcfs", "length-aware"]},
+    "scheduling_history": {"type": int},
     "rollout_idle_seconds": {"type": float},
     "shutdown_timeout": {"type": float},
     "log_level": {"choices": ["debug", "info", "warning", "error"]},

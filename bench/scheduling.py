@@ -1,0 +1,275 @@
+"""Rollout makespan under fcfs and length-aware scheduling, SAM off and on, and client placement over 2 servers.
+
+    python bench/scheduling.py --json bench/results/scheduling-cpu.json --plot bench/results/scheduling-cpu.png
+
+The workload is rollout-shaped: G prompt groups x N responses (default 30 x 8, the Sky-T1
+AIME groups of ``../shared/data/reasoning-traces/``) against ``--max-num-seqs`` engine
+slots (default 16).  Each response's length is its real trace length scaled so that the
+longest is ``--max-len`` tokens, so lengths are heavy-tailed and correlated within a
+group as in real reasoning rollouts.  The server cannot read them: every request carries
+the same ``max_tokens`` (above the longest), streams, and the benchmark hangs up when the
+response reaches its length (the server sees an abort).  Requests are sent all at once in
+the traces' group order, as a trainer sends a step.
+
+Modes (servers started once, then every round runs every mode in a rotated order):
+
+- ``fcfs``, ``length-aware``: one server with ``--rollout-scheduling`` fcfs / length-aware, SAM off;
+- ``fcfs+sam``, ``length-aware+sam``: the same with SAM (the server's default speculation);
+- ``2x-least-outstanding``, ``2x-predicted-work``: two length-aware + SAM servers with half the
+  slots each; groups placed as the client does (`samrollout_client.placement`): alternately
+  (least outstanding, all groups start at once) or longest predicted first onto the least
+  loaded, predicted from the client's history of earlier rounds.
+
+Round 1 is cold for length-aware (no history of these prompts); later rounds are warm,
+as RL epochs revisit prompts.  Reported per mode: median makespan over rounds, each round's
+makespan, tail time (time with fewer running sequences than slots), mean queue time
+(request sent to first token), and the lower bound: the larger of the longest response
+alone (at the measured batch-1 speed) and total tokens over the measured full-batch throughput.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gzip
+import json
+import statistics
+import sys
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "tests"))  # server_process: start/stop servers
+sys.path.insert(0, str(HERE.parent / "clients"))
+TRACES = HERE.parent.parent / "shared" / "data" / "reasoning-traces" / "skyt1-ckpt-aime24.jsonl.gz"
+SINGLE = ("fcfs", "length-aware", "fcfs+sam", "length-aware+sam")
+PAIRED = ("2x-least-outstanding", "2x-predicted-work")
+
+
+@dataclass(frozen=True)
+class Response:
+    """One response of the workload: its group, prompt and enforced length."""
+
+    group: int
+    index: int
+    prompt: str
+    length: int
+
+
+def load_workload(paths: list[Path], groups: int, group_size: int, max_len: int, prompt_chars: int) -> list[Response]:
+    """``groups`` x ``group_size`` responses from trace files (groups with enough responses, file order)."""
+    by_prompt: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for path in paths:
+        with gzip.open(path, "rt") as handle:
+            for line in handle:
+                record = json.loads(line)
+                by_prompt[f"{path.name}:{record['prompt_id']}"].append(record)
+    chosen = [records[:group_size] for records in by_prompt.values() if len(records) >= group_size][:groups]
+    if not chosen:
+        raise SystemExit(f"no group with {group_size} responses in {paths}")
+    longest = max(len(r["response"]) for records in chosen for r in records)
+    return [Response(g, i, records[0]["prompt"][:prompt_chars], max(1, round(len(r["response"]) / longest * max_len)))
+            for g, records in enumerate(chosen) for i, r in enumerate(records)]
+
+
+async def _stream_one(client: httpx.AsyncClient, url: str, body: dict[str, Any], length: int,
+                      t0: float) -> dict[str, float]:
+    """Stream one response and hang up at ``length`` tokens; returns its first-token and end times."""
+    first = None
+    got = 0
+    async with client.stream("POST", f"{url}/v1/completions", json=body) as reply:
+        if reply.status_code != 200:
+            raise RuntimeError(f"{url}: {reply.status_code} {await reply.aread()!r}")
+        async for line in reply.aiter_lines():
+            if not line.startswith("data: {"):
+                continue
+            for choice in json.loads(line[6:]).get("choices", []):
+                got += len(choice.get("token_ids") or [])
+            if got and first is None:
+                first = time.monotonic() - t0
+            if got >= length:
+                break
+    return {"first": first if first is not None else time.monotonic() - t0, "end": time.monotonic() - t0,
+            "tokens": min(got, length)}
+
+
+async def run_rollout(urls: list[str], placement: list[int], workload: list[Response], rollout: str,
+                      max_tokens: int, sam_seed: int) -> dict[str, Any]:
+    """Send every response at once (group order) to its group's server; the rollout's times."""
+    limits = httpx.Limits(max_connections=len(workload) + 8, max_keepalive_connections=len(workload) + 8)
+    async with httpx.AsyncClient(timeout=3600, limits=limits) as client:
+        t0 = time.monotonic()
+        tasks = [asyncio.create_task(_stream_one(
+            client, urls[placement[r.group]],
+            {"model": "bench", "prompt": r.prompt, "max_tokens": max_tokens, "ignore_eos": True, "stream": True,
+             "temperature": 1.0, "seed": sam_seed + 1000 * r.group + r.index, "group_id": f"{rollout}.g{r.group}",
+             "rollout_id": rollout}, r.length, t0)) for r in workload]
+        times = await asyncio.gather(*tasks)
+    return {"makespan_s": max(t["end"] for t in times), "times": times}
+
+
+def tail_seconds(times: list[dict[str, float]], slots: int) -> float:
+    """Time from when fewer than ``slots`` responses were still unfinished to the end."""
+    ends = sorted(t["end"] for t in times)
+    return ends[-1] - ends[len(ends) - slots] if len(ends) >= slots else ends[-1]
+
+
+async def measure_rates(url: str, slots: int, tokens: int = 64) -> dict[str, float]:
+    """Decode speed of one sequence alone and of ``slots`` at once (tokens/s), for the lower bound."""
+    async with httpx.AsyncClient(timeout=600) as client:
+        async def run(count: int) -> float:
+            body = {"model": "bench", "prompt": "Count slowly:", "max_tokens": tokens, "ignore_eos": True,
+                    "temperature": 1.0}
+            t0 = time.monotonic()
+            await asyncio.gather(*(client.post(f"{url}/v1/completions", json={**body, "seed": i})
+                                   for i in range(count)))
+            return count * tokens / (time.monotonic() - t0)
+        await run(1)  # warm-up
+        return {"single_tokens_per_s": await run(1), "full_tokens_per_s": await run(slots)}
+
+
+def server_args(model: str, scheduling: str, sam: bool, slots: int, memory: float) -> list[str]:
+    args = ["--served-model-name", "bench", "--rollout-scheduling", scheduling, "--max-num-seqs", str(slots),
+            "--gpu-memory-utilization", str(memory), "--max-model-len", "1024"]
+    if model != "smollm2":
+        args += ["--model", model]
+    return args + ([] if sam else ["--no-speculation"])
+
+
+def main() -> None:
+    from samrollout_client.placement import LengthHistory, place_by_predicted_work
+    from server_process import start_server
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--traces", type=Path, nargs="+", default=[TRACES])
+    parser.add_argument("--groups", type=int, default=32)
+    parser.add_argument("--group-size", type=int, default=8)
+    parser.add_argument("--max-len", type=int, default=128, help="the longest response, in tokens")
+    parser.add_argument("--prompt-chars", type=int, default=300, help="each prompt is cut to this many characters")
+    parser.add_argument("--max-num-seqs", type=int, default=16, help="engine slots (split over 2 in the 2x modes)")
+    parser.add_argument("--model", default="smollm2", help="smollm2 (built-in) or a model directory")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--modes", default=",".join(SINGLE + PAIRED))
+    parser.add_argument("--memory", type=float, default=0.1, help="--gpu-memory-utilization of each server")
+    parser.add_argument("--json", type=Path, default=HERE / "results" / "scheduling-cpu.json")
+    parser.add_argument("--plot", type=Path, default=None)
+    parser.add_argument("--logs", type=Path, default=Path("/tmp/samrollout-bench-scheduling"))
+    args = parser.parse_args()
+    modes = [m for m in args.modes.split(",") if m]
+    unknown = set(modes) - set(SINGLE + PAIRED)
+    if unknown:
+        raise SystemExit(f"unknown modes: {sorted(unknown)}")
+    workload = load_workload(args.traces, args.groups, args.group_size, args.max_len, args.prompt_chars)
+    groups = max(r.group for r in workload) + 1
+    lengths = [r.length for r in workload]
+    print(f"workload: {groups} groups, {len(workload)} responses, {sum(lengths)} tokens, longest {max(lengths)}, "
+          f"median {statistics.median(lengths)}; {args.max_num_seqs} slots", flush=True)
+
+    servers: dict[str, Any] = {}
+    try:
+        for mode in modes:
+            if mode in SINGLE:
+                scheduling, sam = mode.removesuffix("+sam"), mode.endswith("+sam")
+                servers[mode] = [start_server(server_args(args.model, scheduling, sam, args.max_num_seqs, args.memory),
+                                              args.logs / f"{mode}.log")]
+                print(f"started {mode}", flush=True)
+        if any(m in PAIRED for m in modes):
+            pair = [start_server(server_args(args.model, "length-aware", True, args.max_num_seqs // 2, args.memory),
+                                 args.logs / f"pair-{i}.log") for i in range(2)]
+            for mode in PAIRED:
+                servers[mode] = pair
+            print("started the 2-server pair", flush=True)
+        rates = asyncio.run(measure_rates(servers[modes[0]][0].url, args.max_num_seqs))
+        bound = max(max(lengths) / rates["single_tokens_per_s"], sum(lengths) / rates["full_tokens_per_s"])
+        print(f"rates: {rates}; lower bound {bound:.1f} s", flush=True)
+
+        history = LengthHistory()
+        rounds: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
+        for round_index in range(args.rounds):
+            order = modes[round_index % len(modes):] + modes[:round_index % len(modes)]
+            for mode in order:
+                urls = [s.url for s in servers[mode]]
+                if mode == "2x-predicted-work":
+                    predicted = [history.predict(str(g)) for g in range(groups)]
+                    placement = place_by_predicted_work(
+                        [None if p is None else p * args.group_size for p in predicted], 2)
+                elif mode == "2x-least-outstanding":
+                    placement = [g % 2 for g in range(groups)]
+                else:
+                    placement = [0] * groups
+                result = asyncio.run(run_rollout(urls, placement, workload, f"r{round_index}-{mode}",
+                                                 args.max_len + 16, round_index))
+                times = result["times"]
+                slots = args.max_num_seqs
+                record = {"round": round_index, "makespan_s": result["makespan_s"],
+                          "tail_s": tail_seconds(times, slots),
+                          "mean_queue_s": statistics.fmean(t["first"] for t in times),
+                          "p90_queue_s": sorted(t["first"] for t in times)[int(0.9 * len(times))]}
+                rounds[mode].append(record)
+                print(f"round {round_index} {mode:22s} makespan {record['makespan_s']:7.2f} s  tail "
+                      f"{record['tail_s']:6.2f} s  mean queue {record['mean_queue_s']:6.2f} s", flush=True)
+                for g in range(groups):  # the client learns each group's lengths, as RolloutClient does
+                    history.record(str(g), [r.length for r in workload if r.group == g])
+    finally:
+        for pair_or_one in {id(v): v for v in servers.values()}.values():
+            for server in pair_or_one:
+                server.stop()
+
+    summary = {mode: {"makespan_s": statistics.median(r["makespan_s"] for r in rs),
+                      "cold_makespan_s": rs[0]["makespan_s"],
+                      "warm_makespan_s": statistics.median(r["makespan_s"] for r in rs[1:]) if len(rs) > 1 else None,
+                      "tail_s": statistics.median(r["tail_s"] for r in rs),
+                      "mean_queue_s": statistics.median(r["mean_queue_s"] for r in rs),
+                      "rounds": rs} for mode, rs in rounds.items()}
+    print(f"\n{'mode':22s} {'makespan s':>10s} {'cold':>7s} {'warm':>7s} {'tail s':>7s} {'queue s':>8s} "
+          f"{'/fcfs':>6s} {'/bound':>7s}")
+    base = summary.get("fcfs", {}).get("makespan_s")
+    for mode, s in summary.items():
+        warm = f"{s['warm_makespan_s']:7.2f}" if s["warm_makespan_s"] is not None else "      -"
+        ratio = f"{s['makespan_s'] / base:6.2f}" if base else "     -"
+        print(f"{mode:22s} {s['makespan_s']:10.2f} {s['cold_makespan_s']:7.2f} {warm} {s['tail_s']:7.2f} "
+              f"{s['mean_queue_s']:8.2f} {ratio} {s['makespan_s'] / bound:7.2f}")
+    out = {"command": " ".join(sys.argv), "workload": {
+        "traces": [str(p.name) for p in args.traces], "groups": groups, "group_size": args.group_size,
+        "responses": len(workload), "tokens": sum(lengths), "longest": max(lengths),
+        "median": statistics.median(lengths), "max_num_seqs": args.max_num_seqs, "model": args.model},
+        "rates": rates, "lower_bound_s": bound, "modes": summary}
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(out, indent=1))
+    print(f"wrote {args.json}")
+    if args.plot is not None:
+        plot(summary, bound, args.plot)
+
+
+def plot(summary: dict[str, dict[str, Any]], bound: float, path: Path) -> None:
+    """Bars: median makespan per mode (each round as a dot), the lower bound as a line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    modes = list(summary)
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    ax.bar(range(len(modes)), [summary[m]["makespan_s"] for m in modes], color="#4c72b0", alpha=0.8,
+           label="median makespan")
+    ax.bar(range(len(modes)), [summary[m]["tail_s"] for m in modes], color="#dd8452", alpha=0.8, width=0.5,
+           label="tail (fewer running than slots)")
+    for i, m in enumerate(modes):
+        ax.scatter([i] * len(summary[m]["rounds"]), [r["makespan_s"] for r in summary[m]["rounds"]],
+                   color="black", s=12, zorder=3)
+    ax.axhline(bound, color="#55a868", linestyle="--", label=f"lower bound {bound:.1f} s")
+    ax.set_xticks(range(len(modes)), modes, rotation=20, ha="right")
+    ax.set_ylabel("seconds")
+    ax.set_title("Rollout makespan by scheduling (dots: rounds)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+if __name__ == "__main__":
+    main()
