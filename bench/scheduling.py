@@ -8,8 +8,10 @@ slots (default 16).  Each response's length is its real trace length scaled so t
 longest is ``--max-len`` tokens, so lengths are heavy-tailed and correlated within a
 group as in real reasoning rollouts.  The server cannot read them: every request carries
 the same ``max_tokens`` (above the longest), streams, and the benchmark hangs up when the
-response reaches its length (the server sees an abort).  Requests are sent all at once in
-the traces' group order, as a trainer sends a step.
+response reaches its length (the server sees an abort).  Requests are sent all at once,
+the groups in a random order drawn per round (the same for every mode), as a trainer
+sends a step of sampled prompts (``--order``: also the traces' order, or shortest group
+first, the worst case for first-come-first-served).
 
 Modes (servers started once, then every round runs every mode in a rotated order):
 
@@ -22,9 +24,9 @@ Modes (servers started once, then every round runs every mode in a rotated order
 
 Round 1 is cold for length-aware (no history of these prompts); later rounds are warm,
 as RL epochs revisit prompts.  Reported per mode: median makespan over rounds, each round's
-makespan, tail time (time with fewer running sequences than slots), mean queue time
-(request sent to first token), and the lower bound: the larger of the longest response
-alone (at the measured batch-1 speed) and total tokens over the measured full-batch throughput.
+makespan, tail time (from when fewer responses than slots were left to the end), mean queue
+time (request sent to first token), and the lower bound (`lower_bound`, measured on the
+first mode's server).
 """
 
 from __future__ import annotations
@@ -33,11 +35,12 @@ import argparse
 import asyncio
 import gzip
 import json
+import random
 import statistics
 import sys
 import time
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -62,7 +65,11 @@ class Response:
 
 
 def load_workload(paths: list[Path], groups: int, group_size: int, max_len: int, prompt_chars: int) -> list[Response]:
-    """``groups`` x ``group_size`` responses from trace files (groups with enough responses, file order)."""
+    """``groups`` x ``group_size`` responses from trace files (groups with enough responses, file order).
+
+    Sibling ``i``'s prompt ends in "Attempt i:": greedy siblings then differ, as the checkpoints'
+    greedy answers in the Sky-T1 traces do, instead of repeating one another token for token.
+    """
     by_prompt: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for path in paths:
         with gzip.open(path, "rt") as handle:
@@ -73,7 +80,8 @@ def load_workload(paths: list[Path], groups: int, group_size: int, max_len: int,
     if not chosen:
         raise SystemExit(f"no group with {group_size} responses in {paths}")
     longest = max(len(r["response"]) for records in chosen for r in records)
-    return [Response(g, i, records[0]["prompt"][:prompt_chars], max(1, round(len(r["response"]) / longest * max_len)))
+    return [Response(g, i, f"{records[0]['prompt'][:prompt_chars]}\nAttempt {i + 1}:",
+                     max(1, round(len(r["response"]) / longest * max_len)))
             for g, records in enumerate(chosen) for i, r in enumerate(records)]
 
 
@@ -98,17 +106,22 @@ async def _stream_one(client: httpx.AsyncClient, url: str, body: dict[str, Any],
             "tokens": min(got, length)}
 
 
+def request_body(response: Response, rollout: str, max_tokens: int, temperature: float, seed: int) -> dict[str, Any]:
+    """The streamed completion request of one response (every request has the same ``max_tokens``)."""
+    return {"model": "bench", "prompt": response.prompt, "max_tokens": max_tokens, "ignore_eos": True,
+            "stream": True, "temperature": temperature, "seed": seed + 1000 * response.group + response.index,
+            "group_id": f"{rollout}.g{response.group}"}
+
+
 async def run_rollout(urls: list[str], placement: list[int], workload: list[Response], rollout: str,
-                      max_tokens: int, sam_seed: int) -> dict[str, Any]:
+                      max_tokens: int, temperature: float, seed: int) -> dict[str, Any]:
     """Send every response at once (group order) to its group's server; the rollout's times."""
     limits = httpx.Limits(max_connections=len(workload) + 8, max_keepalive_connections=len(workload) + 8)
     async with httpx.AsyncClient(timeout=3600, limits=limits) as client:
         t0 = time.monotonic()
         tasks = [asyncio.create_task(_stream_one(
-            client, urls[placement[r.group]],
-            {"model": "bench", "prompt": r.prompt, "max_tokens": max_tokens, "ignore_eos": True, "stream": True,
-             "temperature": 1.0, "seed": sam_seed + 1000 * r.group + r.index, "group_id": f"{rollout}.g{r.group}",
-             "rollout_id": rollout}, r.length, t0)) for r in workload]
+            client, urls[placement[r.group]], {**request_body(r, rollout, max_tokens, temperature, seed),
+                                               "rollout_id": rollout}, r.length, t0)) for r in workload]
         times = await asyncio.gather(*tasks)
     return {"makespan_s": max(t["end"] for t in times), "times": times}
 
@@ -119,21 +132,52 @@ def tail_seconds(times: list[dict[str, float]], slots: int) -> float:
     return ends[-1] - ends[len(ends) - slots] if len(ends) >= slots else ends[-1]
 
 
-async def measure_rates(url: str, slots: int, tokens: int = 64) -> dict[str, float]:
-    """Decode speed of one sequence alone and of ``slots`` at once (tokens/s), for the lower bound."""
+async def lower_bound(url: str, workload: list[Response], slots: int, temperature: float) -> dict[str, float]:
+    """The makespan no schedule can beat on this server, measured: the larger of two times.
+
+    - the longest response alone (its prompt, its length, nothing else running);
+    - total work over slots: a full batch of ``slots`` responses of the mean length (prompts
+      from the workload, prefill included) takes ``t``; the workload is responses / slots such batches.
+
+    Both are streamed and cut at their length like the workload itself, so they pay the same
+    serving costs.
+    """
+    longest = max(workload, key=lambda r: r.length)
+    mean_length = max(1, round(statistics.fmean(r.length for r in workload)))
     async with httpx.AsyncClient(timeout=600) as client:
-        async def run(count: int) -> float:
-            body = {"model": "bench", "prompt": "Count slowly:", "max_tokens": tokens, "ignore_eos": True,
-                    "temperature": 1.0}
+        async def batch(items: list[Response]) -> float:
             t0 = time.monotonic()
-            await asyncio.gather(*(client.post(f"{url}/v1/completions", json={**body, "seed": i})
-                                   for i in range(count)))
-            return count * tokens / (time.monotonic() - t0)
-        await run(1)  # warm-up
-        return {"single_tokens_per_s": await run(1), "full_tokens_per_s": await run(slots)}
+            await asyncio.gather(*(_stream_one(client, url, request_body(r, f"bound-{i}", max_tokens, temperature, i),
+                                               r.length, t0) for i, r in enumerate(items)))
+            return time.monotonic() - t0
+        max_tokens = longest.length + 16
+        await batch([replace(longest, length=8)])  # warm-up
+        alone = await batch([longest])
+        full = min([await batch([replace(workload[(i * 7 + j) % len(workload)], length=mean_length)
+                                 for j in range(slots)]) for i in range(2)])
+    total = full * len(workload) / slots
+    return {"longest_alone_s": alone, "full_batch_s": full, "total_over_slots_s": total, "bound_s": max(alone, total)}
+
+
+def arrival_order(workload: list[Response], order: str, seed: int) -> list[Response]:
+    """The workload with its groups in the order a step sends them.
+
+    ``random``: a random order (one draw per round, the same for every mode); ``file``: the
+    traces' order; ``short-first``: shortest group (mean length) first, the order that
+    first-come-first-served handles worst.
+    """
+    groups = sorted({r.group for r in workload})
+    if order == "random":
+        random.Random(seed).shuffle(groups)
+    elif order == "short-first":
+        mean = {g: statistics.fmean(r.length for r in workload if r.group == g) for g in groups}
+        groups.sort(key=lambda g: mean[g])
+    rank = {g: i for i, g in enumerate(groups)}
+    return sorted(workload, key=lambda r: (rank[r.group], r.index))
 
 
 def server_args(model: str, scheduling: str, sam: bool, slots: int, memory: float) -> list[str]:
+    """`samrollout serve` flags for one mode's server."""
     args = ["--served-model-name", "bench", "--rollout-scheduling", scheduling, "--max-num-seqs", str(slots),
             "--gpu-memory-utilization", str(memory), "--max-model-len", "1024"]
     if model != "smollm2":
@@ -142,6 +186,7 @@ def server_args(model: str, scheduling: str, sam: bool, slots: int, memory: floa
 
 
 def main() -> None:
+    """Start the servers, run every mode in rotated order each round, print the table, write JSON and a plot."""
     from samrollout_client.placement import LengthHistory, place_by_predicted_work
     from server_process import start_server
 
@@ -149,11 +194,15 @@ def main() -> None:
     parser.add_argument("--traces", type=Path, nargs="+", default=[TRACES])
     parser.add_argument("--groups", type=int, default=32)
     parser.add_argument("--group-size", type=int, default=8)
-    parser.add_argument("--max-len", type=int, default=128, help="the longest response, in tokens")
-    parser.add_argument("--prompt-chars", type=int, default=300, help="each prompt is cut to this many characters")
+    parser.add_argument("--max-len", type=int, default=256, help="the longest response, in tokens")
+    parser.add_argument("--prompt-chars", type=int, default=120, help="each prompt is cut to this many characters")
     parser.add_argument("--max-num-seqs", type=int, default=16, help="engine slots (split over 2 in the 2x modes)")
     parser.add_argument("--model", default="smollm2", help="smollm2 (built-in) or a model directory")
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--temperature", type=float, default=0.0,
+                        help="0 (default): greedy, the only requests SAM drafts for on vLLM's CPU backend")
+    parser.add_argument("--order", choices=["random", "file", "short-first"], default="random",
+                        help="the order groups are sent in (see arrival_order)")
     parser.add_argument("--modes", default=",".join(SINGLE + PAIRED))
     parser.add_argument("--memory", type=float, default=0.1, help="--gpu-memory-utilization of each server")
     parser.add_argument("--json", type=Path, default=HERE / "results" / "scheduling-cpu.json")
@@ -184,14 +233,15 @@ def main() -> None:
             for mode in PAIRED:
                 servers[mode] = pair
             print("started the 2-server pair", flush=True)
-        rates = asyncio.run(measure_rates(servers[modes[0]][0].url, args.max_num_seqs))
-        bound = max(max(lengths) / rates["single_tokens_per_s"], sum(lengths) / rates["full_tokens_per_s"])
-        print(f"rates: {rates}; lower bound {bound:.1f} s", flush=True)
+        rates = asyncio.run(lower_bound(servers[modes[0]][0].url, workload, args.max_num_seqs, args.temperature))
+        bound = rates["bound_s"]
+        print(f"lower bound {bound:.1f} s: {rates}", flush=True)
 
         history = LengthHistory()
         rounds: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
         for round_index in range(args.rounds):
             order = modes[round_index % len(modes):] + modes[:round_index % len(modes)]
+            step = arrival_order(workload, args.order, round_index)
             for mode in order:
                 urls = [s.url for s in servers[mode]]
                 if mode == "2x-predicted-work":
@@ -202,8 +252,8 @@ def main() -> None:
                     placement = [g % 2 for g in range(groups)]
                 else:
                     placement = [0] * groups
-                result = asyncio.run(run_rollout(urls, placement, workload, f"r{round_index}-{mode}",
-                                                 args.max_len + 16, round_index))
+                result = asyncio.run(run_rollout(urls, placement, step, f"r{round_index}-{mode}",
+                                                 args.max_len + 16, args.temperature, round_index))
                 times = result["times"]
                 slots = args.max_num_seqs
                 record = {"round": round_index, "makespan_s": result["makespan_s"],
@@ -237,8 +287,9 @@ def main() -> None:
     out = {"command": " ".join(sys.argv), "workload": {
         "traces": [str(p.name) for p in args.traces], "groups": groups, "group_size": args.group_size,
         "responses": len(workload), "tokens": sum(lengths), "longest": max(lengths),
-        "median": statistics.median(lengths), "max_num_seqs": args.max_num_seqs, "model": args.model},
-        "rates": rates, "lower_bound_s": bound, "modes": summary}
+        "median": statistics.median(lengths), "max_num_seqs": args.max_num_seqs, "model": args.model,
+        "order": args.order, "temperature": args.temperature},
+        "lower_bound": rates, "lower_bound_s": bound, "modes": summary}
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(out, indent=1))
     print(f"wrote {args.json}")

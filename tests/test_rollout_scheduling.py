@@ -16,7 +16,7 @@ from samrollout.server.length_predictor import LengthPredictor, prompt_key
 from server_process import ServerProcess, start_server
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
-CAPACITY = 4  # the length-aware server's --max-num-seqs: most test traffic queues
+CAPACITY = 4  # the length-aware server's --max-num-seqs (the server admits one more): most test traffic queues
 
 
 @pytest.fixture(scope="module")
@@ -42,6 +42,17 @@ async def _post_all(url: str, bodies: list[dict[str, Any]]) -> list[dict[str, An
 def _choices(replies: list[dict[str, Any]]) -> list[list[tuple[list[int], list[float] | None]]]:
     return [[(c["token_ids"], (c.get("logprobs") or {}).get("token_logprobs")) for c in r["choices"]]
             for r in replies]
+
+
+async def _until_waiting(client: httpx.AsyncClient, at_least: int, timeout: float = 120.0) -> dict[str, Any]:
+    """Poll /admin/status until ``at_least`` sequences wait for admission; the scheduling status then."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while asyncio.get_running_loop().time() < deadline:
+        scheduling: dict[str, Any] = (await client.get("/admin/status")).json()["scheduling"]
+        if scheduling["waiting"] >= at_least:
+            return scheduling
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"fewer than {at_least} sequences ever waited within {timeout} s")
 
 
 def _status(server: ServerProcess) -> dict[str, Any]:
@@ -112,20 +123,19 @@ def test_aborting_a_rollout_ends_its_waiting_sequences_and_the_server_keeps_serv
 
     async def scenario() -> tuple[list[dict[str, Any]], dict[str, Any]]:
         async with httpx.AsyncClient(base_url=length_aware_server.url, headers=AUTH, timeout=300) as client:
+            capacity = (await client.get("/admin/status")).json()["scheduling"]["capacity"]
             posts = [asyncio.create_task(client.post("/v1/completions", json=b)) for b in bodies]
-            while (await client.get("/admin/status")).json()["scheduling"]["waiting"] < len(bodies) - CAPACITY:
-                await asyncio.sleep(0.05)
-            queued = (await client.get("/admin/status")).json()["scheduling"]
+            queued = await _until_waiting(client, len(bodies) - capacity)
             aborted = await client.post("/admin/abort_rollout", json={"rollout_id": rollout})
             assert aborted.status_code == 200
             return [(await p).json() for p in posts], queued
 
     replies, queued = asyncio.run(scenario())
-    assert queued["running"] == CAPACITY
+    assert queued["running"] == queued["capacity"] == CAPACITY + 1  # the engine's slots and one of headroom
     reasons = [r["choices"][0]["finish_reason"] for r in replies]
     lengths = [len(r["choices"][0]["token_ids"]) for r in replies]
     assert reasons == ["abort"] * len(bodies)
-    assert sum(1 for n in lengths if n == 0) >= len(bodies) - CAPACITY  # never admitted: no tokens
+    assert sum(1 for n in lengths if n == 0) >= len(bodies) - queued["capacity"]  # never admitted: no tokens
     after = _status(length_aware_server)["scheduling"]
     assert (after["running"], after["waiting"]) == (0, 0)
     again = asyncio.run(_post_all(length_aware_server.url, [{"model": "tiny", "prompt": [1, 2], "max_tokens": 4}]))
@@ -207,3 +217,30 @@ def test_lengths_from_an_earlier_rollout_order_the_next_one_and_the_history_is_b
 def test_prompt_keys_depend_on_the_tokens_only() -> None:
     assert prompt_key([1, 2, 3], "x") == prompt_key([1, 2, 3], "y") != prompt_key([1, 2, 4], "x")
     assert prompt_key(None, "fallback") == "fallback"
+
+
+def test_weight_update_with_sequences_waiting_for_admission_loses_none_of_them(
+        length_aware_server: ServerProcess, tiny_dir: Path, tiny_weights_v2: Path) -> None:
+    """in_flight=wait: every sequence, admitted or still waiting in the server, finishes; then abort ends the rest."""
+    bodies = [{"model": "tiny", "prompt": [4, g, 4], "max_tokens": 240, "ignore_eos": True, "group_id": f"w-{g % 3}"}
+              for g in range(4 * CAPACITY)]
+
+    async def update_while(in_flight: str, path: Path, version: str) -> tuple[list[dict[str, Any]], int]:
+        async with httpx.AsyncClient(base_url=length_aware_server.url, headers=AUTH, timeout=300) as client:
+            posts = [asyncio.create_task(client.post("/v1/completions", json=b)) for b in bodies]
+            await _until_waiting(client, 1)
+            update = await client.post("/admin/update_weights",
+                                       json={"path": str(path), "version": version, "in_flight": in_flight})
+            return [(await p).json() for p in posts], update.status_code
+
+    waited, code = asyncio.run(update_while("wait", tiny_weights_v2, "v2"))
+    assert code == 200
+    assert [r["choices"][0]["finish_reason"] for r in waited] == ["length"] * len(bodies)
+    assert {r["weight_version"] for r in waited} <= {"initial", "v2"}
+    aborted, code = asyncio.run(update_while("abort", tiny_dir, "v3"))
+    assert code == 200
+    assert {r["choices"][0]["finish_reason"] for r in aborted} <= {"abort", "length"}
+    assert any(r["choices"][0]["finish_reason"] == "abort" for r in aborted)
+    after = _status(length_aware_server)
+    assert after["weight_version"] == "v3"
+    assert (after["scheduling"]["running"], after["scheduling"]["waiting"]) == (0, 0)

@@ -40,6 +40,9 @@ def test_seeded_requests_give_the_same_tokens_whether_their_prefill_is_chunked_o
                [s[0]["token_ids"] for s in whole["results"][name]], name
 
 
+STREAM_TOKENS = 480  # each stream's length: long enough to still run while the long prompt is prefilled
+
+
 def test_the_longest_allowed_prompt_completes_while_other_requests_keep_streaming(
         tiny_server: ServerProcess) -> None:
     longest = [(11 * j) % 900 + 50 for j in range(TINY_MAX_PROMPT_TOKENS)]  # the server's --max-prompt-tokens
@@ -50,7 +53,7 @@ def test_the_longest_allowed_prompt_completes_while_other_requests_keep_streamin
             arrivals: list[list[float]] = [[] for _ in range(4)]
 
             async def stream(index: int) -> None:
-                body = {"model": "tiny", "prompt": f"stream {index}", "max_tokens": 200, "ignore_eos": True,
+                body = {"model": "tiny", "prompt": f"stream {index}", "max_tokens": STREAM_TOKENS, "ignore_eos": True,
                         "temperature": 0, "stream": True}
                 async with client.stream("POST", "/v1/completions", json=body) as reply:
                     assert reply.status_code == 200
@@ -60,7 +63,8 @@ def test_the_longest_allowed_prompt_completes_while_other_requests_keep_streamin
                             arrivals[index] += [time.monotonic()] * len(tokens)
 
             streams = [asyncio.create_task(stream(i)) for i in range(4)]
-            await asyncio.sleep(0.5)
+            while not all(arrivals):  # every stream is generating (however fast this machine is)
+                await asyncio.sleep(0.005)
             sent = time.monotonic()
             long_reply = await client.post("/v1/completions", json={
                 "model": "tiny", "prompt": longest, "max_tokens": 8, "ignore_eos": True, "temperature": 1.0,
@@ -72,7 +76,7 @@ def test_the_longest_allowed_prompt_completes_while_other_requests_keep_streamin
     arrivals, sent, done, long_reply = asyncio.run(scenario())
     assert long_reply.status_code == 200, long_reply.text
     assert len(long_reply.json()["choices"][0]["token_ids"]) == 8
-    assert [len(times) for times in arrivals] == [200] * 4  # every token of every stream arrived
+    assert [len(times) for times in arrivals] == [STREAM_TOKENS] * 4  # every token of every stream arrived
     # The streams were served while the long prompt was in the engine, not held behind it.
     assert all(any(sent < t < done for t in times) for times in arrivals)
     assert httpx.get(f"{tiny_server.url}/health", timeout=10).status_code == 200

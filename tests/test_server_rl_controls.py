@@ -94,10 +94,17 @@ def test_abort_rollout_stops_that_rollout_and_no_other(tiny_server: ServerProces
 def test_client_disconnect_mid_stream_aborts_its_engine_request(tiny_server: ServerProcess) -> None:
     aborted_before = finished_as_aborted(tiny_server)
     body = completion("disconnect", 480, stream=True, temperature=0)
-    with httpx.stream("POST", f"{tiny_server.url}/v1/completions", json=body, headers=AUTH, timeout=60) as reply:
-        for line in reply.iter_lines():
-            if line.startswith("data: "):
-                break  # one chunk, then hang up
+    try:
+        with httpx.stream("POST", f"{tiny_server.url}/v1/completions", json=body, headers=AUTH,
+                          timeout=60) as reply:
+            for line in reply.iter_lines():
+                if line.startswith("data: "):
+                    # one chunk, then hang up; paused first, so the request cannot finish meanwhile
+                    assert admin(tiny_server, "pause", {"mode": "keep"}).status_code == 200
+                    break
+        time.sleep(0.5)  # the server notices the hang-up while paused
+    finally:
+        assert admin(tiny_server, "resume").status_code == 200
     wait_until_idle(tiny_server, timeout=30)
     assert finished_as_aborted(tiny_server) >= aborted_before + 1
 

@@ -170,7 +170,8 @@ def engine_calls(layout: str) -> list[tuple[str, int, set[str], str]]:
             if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
                 continue
             target = node.func.value
-            on_engine = (isinstance(target, ast.Attribute) and target.attr == "engine") or (
+            # runtime.engine, and the engine inside length-aware scheduling's ScheduledEngineClient (_engine)
+            on_engine = (isinstance(target, ast.Attribute) and target.attr in ("engine", "_engine")) or (
                 isinstance(target, ast.Name) and target.id in ("engine", "AsyncLLM"))
             if on_engine:
                 keywords = {k.arg for k in node.keywords if k.arg is not None}

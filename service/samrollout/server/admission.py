@@ -1,8 +1,10 @@
 """Length-aware admission (``--rollout-scheduling length-aware``): which waiting sequence enters the engine next.
 
-The server holds sequences back and lets at most ``capacity`` (the engine's ``max_num_seqs``)
-into the engine, so the engine never queues and the choice of who runs next is ours,
-re-made with fresh predictions every time a slot frees:
+The server holds sequences back and lets at most ``capacity`` into the engine: its
+``max_num_seqs`` slots plus a small headroom (`admission_headroom`), so that a slot freed
+inside the engine is refilled in its next step from the engine's short queue instead of
+waiting a round trip through the server.  The choice of who enters is ours, re-made with
+fresh predictions every time a sequence leaves:
 
 1. **Probes first.** A sequence whose group has not started yet (and whose prompt has no
    history) goes before everything else, oldest first: its progress is what tells the group's
@@ -31,6 +33,11 @@ from samrollout.server.length_predictor import LengthPredictor
 
 SchedulingPolicy = Literal["fcfs", "length-aware"]
 SCHEDULING_POLICIES: tuple[SchedulingPolicy, ...] = ("fcfs", "length-aware")
+
+
+def admission_headroom(slots: int) -> int:
+    """Sequences let into the engine beyond its ``slots``: one per 8 slots, at least one."""
+    return max(1, slots // 8)
 
 
 @dataclass(eq=False)

@@ -21,7 +21,7 @@ from starlette.datastructures import State
 
 from samrollout.metrics.definitions import set_scheduling_policy, set_weight_version
 from samrollout.metrics.rollouts import RolloutTracker
-from samrollout.server.admission import AdmissionScheduler
+from samrollout.server.admission import AdmissionScheduler, admission_headroom
 from samrollout.server.errors import ApiError
 from samrollout.server.inflight import InflightRegistry
 from samrollout.server.length_predictor import LengthPredictor
@@ -188,11 +188,12 @@ def generation_client(settings: ServerSettings, engine: Any) -> Any:
     set_scheduling_policy(settings.rollout_scheduling)
     if settings.rollout_scheduling == "fcfs":
         return engine
-    capacity = int(engine.vllm_config.scheduler_config.max_num_seqs)
+    slots = int(engine.vllm_config.scheduler_config.max_num_seqs)
+    capacity = slots + admission_headroom(slots)
     scheduler = AdmissionScheduler(capacity, LengthPredictor(settings.scheduling_history),
                                    lambda request_id: output_tokens_so_far(engine, request_id))
-    logger.info("length-aware rollout scheduling: at most %d sequences in the engine, probes first, then the "
-                "longest predicted groups", capacity)
+    logger.info("length-aware rollout scheduling: at most %d sequences in the engine (%d slots), probes first, "
+                "then the longest predicted groups", capacity, slots)
     return ScheduledEngineClient(engine, scheduler)
 
 

@@ -18,7 +18,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from samrollout.config import ADDITIONAL_CONFIG_KEY, SpeculationConfig, ThresholdMode
 from samrollout.drafter import DraftPolicy
 from samrollout.engine import vllm_speculative_config
-from samrollout.server.admission import SchedulingPolicy
+from samrollout.server.admission import SCHEDULING_POLICIES, SchedulingPolicy
 from samrollout.server.cpu_defaults import cpu_dtype
 from samrollout.spec_decode.worker_extension import WORKER_EXTENSION_CLASS
 
@@ -185,7 +185,7 @@ _FLAGS: dict[str, dict[str, Any]] = {
     "chunked_prefill": {"action": argparse.BooleanOptionalAction},
     "compile": {"action": argparse.BooleanOptionalAction},
     "per_request_metrics": {"action": argparse.BooleanOptionalAction},
-    "rollout_scheduling": {"choices": ["fcfs", "length-aware"]},
+    "rollout_scheduling": {"choices": list(SCHEDULING_POLICIES)},
     "scheduling_history": {"type": int},
     "rollout_idle_seconds": {"type": float},
     "shutdown_timeout": {"type": float},
