@@ -79,6 +79,7 @@ class AdmissionScheduler:
         if entry in self.waiting:
             self.waiting.remove(entry)
             self._forget_if_idle(entry.group)
+            self._admit()  # only to update the waiting gauge: nothing was freed
         elif entry.child_id in self.running:
             self.done(entry, None)
 
@@ -105,12 +106,8 @@ class AdmissionScheduler:
             if not entry.admitted.done():
                 entry.admitted.set_result(False)
             self._forget_if_idle(entry.group)
+        self._admit()  # only to update the waiting gauge: nothing was freed
         return len(ended)
-
-    def running_children(self, parent_ids: Iterable[str]) -> list[str]:
-        """Engine ids of the running sequences of ``parent_ids``."""
-        wanted = set(parent_ids)
-        return [e.child_id for e in self.running.values() if e.parent_id in wanted]
 
     def status(self) -> dict[str, int]:
         """Counts for /admin/status."""

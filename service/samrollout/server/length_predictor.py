@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 # Weight of the newest rollout's group mean in a prompt's remembered length (exponential moving average).
@@ -113,7 +113,3 @@ class LengthPredictor:
     def history_size(self) -> int:
         """Prompts remembered from earlier rollouts."""
         return len(self._history)
-
-    def running_children(self) -> Iterable[str]:
-        """Every child id in the engine, over all groups."""
-        return (child for record in self.groups.values() for child in record.running)
