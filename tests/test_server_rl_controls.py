@@ -94,17 +94,24 @@ def test_abort_rollout_stops_that_rollout_and_no_other(tiny_server: ServerProces
 def test_client_disconnect_mid_stream_aborts_its_engine_request(tiny_server: ServerProcess) -> None:
     aborted_before = finished_as_aborted(tiny_server)
     body = completion("disconnect", 480, stream=True, temperature=0)
-    try:
-        with httpx.stream("POST", f"{tiny_server.url}/v1/completions", json=body, headers=AUTH,
-                          timeout=60) as reply:
-            for line in reply.iter_lines():
-                if line.startswith("data: "):
-                    # one chunk, then hang up; paused first, so the request cannot finish meanwhile
-                    assert admin(tiny_server, "pause", {"mode": "keep"}).status_code == 200
-                    break
-        time.sleep(0.5)  # the server notices the hang-up while paused
-    finally:
-        assert admin(tiny_server, "resume").status_code == 200
+
+    async def scenario() -> None:
+        async with httpx.AsyncClient(base_url=tiny_server.url, headers=AUTH, timeout=300) as client:
+            # Twelve other requests keep the batch above the drafting threshold and each step slower, so the
+            # stream cannot run to its 480 tokens before the server notices the hang-up, however fast this
+            # machine is.
+            load = [asyncio.create_task(client.post("/v1/completions", json=completion(f"load {i}", 480)))
+                    for i in range(12)]
+            deadline = time.monotonic() + 60
+            while running_in_engine(tiny_server) < 12 and time.monotonic() < deadline:
+                await asyncio.sleep(0.02)
+            async with client.stream("POST", "/v1/completions", json=body) as reply:
+                async for line in reply.aiter_lines():
+                    if line.startswith("data: "):
+                        break  # one chunk, then hang up
+            await asyncio.gather(*load)
+
+    asyncio.run(scenario())
     wait_until_idle(tiny_server, timeout=30)
     assert finished_as_aborted(tiny_server) >= aborted_before + 1
 
