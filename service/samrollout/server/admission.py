@@ -69,7 +69,7 @@ class AdmissionScheduler:
         """Queue a sequence; it is admitted at once if a slot is free."""
         self.predictor.group(group, prompt)
         entry = AdmissionEntry(child_id, parent_id, group, next(self._order), time.monotonic(),
-                         asyncio.get_running_loop().create_future())
+                               asyncio.get_running_loop().create_future())
         self.waiting.append(entry)
         self._admit()
         return entry
@@ -79,7 +79,7 @@ class AdmissionScheduler:
         if entry in self.waiting:
             self.waiting.remove(entry)
             self._forget_if_idle(entry.group)
-            self._admit()  # only to update the waiting gauge: nothing was freed
+            m.SCHEDULER_WAITING.set(len(self.waiting))
         elif entry.child_id in self.running:
             self.done(entry, None)
 
@@ -106,7 +106,7 @@ class AdmissionScheduler:
             if not entry.admitted.done():
                 entry.admitted.set_result(False)
             self._forget_if_idle(entry.group)
-        self._admit()  # only to update the waiting gauge: nothing was freed
+        m.SCHEDULER_WAITING.set(len(self.waiting))
         return len(ended)
 
     def status(self) -> dict[str, int]:

@@ -65,7 +65,7 @@ class LengthPredictor:
         record.started += 1
 
     def finished(self, group: str, child: str, output_tokens: int | None) -> None:
-        """``child`` left the engine; ``output_tokens`` is its length if it ended by itself (not aborted)."""
+        """``child`` left the engine; ``output_tokens`` is its length (a lower bound if cut short), or None."""
         record = self.groups.get(group)
         if record is None:
             return
