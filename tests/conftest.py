@@ -78,3 +78,13 @@ def tiny_server(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory):  # ty
 def tiny_weights_v2(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Other random weights of the tiny model's architecture: a 'new policy' for weight updates."""
     return build_tiny_model(tmp_path_factory.mktemp("weights") / "tiny-v2", smollm2_dir, seed=1)
+
+
+def admin_status(server: Any) -> dict[str, Any]:
+    """A running server's ``GET /admin/status`` (servers of these tests use `API_KEY`)."""
+    import httpx
+
+    reply = httpx.get(f"{server.url}/admin/status", headers={"Authorization": f"Bearer {API_KEY}"}, timeout=60)
+    assert reply.status_code == 200, reply.text
+    result: dict[str, Any] = reply.json()
+    return result

@@ -167,13 +167,15 @@ SCENARIOS: dict[str, dict[str, Any]] = {
         "server": {"vllmArgs": ["--enable-sleep-mode"], "k": 4, "logLevel": "debug"}},
     "cuda-hostpath-pinned": {
         "backend": "cuda", "backends": {"cuda": {"visibleDevices": "0,1"}}, "acceleratorCount": 2,
-        "modelVolume": {"type": "hostPath"}, "shm": {"enabled": False}, "serviceAccount": {"create": False},
+        "modelVolume": {"type": "hostPath"}, "shm": {"enabled": False}, "weightStaging": {"emptyDir": False},
+        "serviceAccount": {"create": False},
         "grafanaDashboard": {"enabled": False}, "image": {"digest": "sha256:" + "a" * 64},
         "extraEnv": [{"name": "VLLM_LOGGING_LEVEL", "value": "DEBUG"}],
         "extraVolumes": [{"name": "scratch", "emptyDir": {}}],
         "extraVolumeMounts": [{"name": "scratch", "mountPath": "/scratch"}]},
     "cpu-emptydir-no-probes": {
         "backend": "cpu", "modelVolume": {"type": "emptyDir", "emptyDir": {"sizeLimit": ""}},
+        "server": {"weightStagingDir": "/scratch/weights"}, "weightStaging": {"sizeLimit": "40Gi"},
         "probes": {"liveness": {"enabled": False}}, "podDisruptionBudget": {"enabled": False},
         "terminationGracePeriodSeconds": 120, "service": {"type": "NodePort"}},
 }
@@ -525,6 +527,20 @@ def test_model_volume_holds_the_model_cache(chart: helm.Chart) -> None:
     assert scratch.volume("models")["emptyDir"] == {"sizeLimit": "50Gi"} and not scratch.all("PersistentVolumeClaim")
 
 
+def test_pushed_weights_are_staged_on_an_emptydir_where_the_server_stages_them(chart: helm.Chart) -> None:
+    # Default: an emptyDir where the server stages by default (the images' temp dir), no setting changed.
+    release = render(chart)
+    assert release.volume(release.mount("/tmp/samrollout-weight-uploads")["name"])["emptyDir"] == {}
+    assert "SAMROLLOUT_WEIGHT_STAGING_DIR" not in release.env
+    # A staging dir of one's own: the emptyDir follows it, with a size limit.
+    placed = render(chart, {"server": {"weightStagingDir": "/scratch/weights"}, "weightStaging": {"sizeLimit": "40Gi"}})
+    assert placed.env["SAMROLLOUT_WEIGHT_STAGING_DIR"]["value"] == "/scratch/weights"
+    assert placed.volume(placed.mount("/scratch/weights")["name"])["emptyDir"] == {"sizeLimit": "40Gi"}
+    # Off: staged on the container's own disk.
+    off = render(chart, {"weightStaging": {"emptyDir": False}})
+    assert "weight-staging" not in [v["name"] for v in off.pod["volumes"]]
+
+
 def test_probes_check_health_and_allow_a_long_model_load(chart: helm.Chart) -> None:
     container = render(chart).container
     assert container["ports"] == [{"name": "http", "containerPort": 8000, "protocol": "TCP"}]
@@ -727,6 +743,8 @@ BAD_VALUES: dict[str, tuple[dict[str, Any], str]] = {
     "negative replicas": ({"replicaCount": -1}, "/replicaCount"),
     "unknown volume type": ({"modelVolume": {"type": "nfs"}}, "/modelVolume/type"),
     "bad shm size": ({"shm": {"sizeLimit": "lots"}}, "/shm/sizeLimit"),
+    "relative weight staging dir": ({"server": {"weightStagingDir": "staging"}}, "/server/weightStagingDir"),
+    "bad weight staging size": ({"weightStaging": {"sizeLimit": "big"}}, "/weightStaging/sizeLimit"),
     "bad scrape interval": ({"serviceMonitor": {"interval": "5 seconds"}}, "/serviceMonitor/interval"),
     "numeric label": ({"grafanaDashboard": {"labels": {"grafana_dashboard": 1}}}, "/grafanaDashboard/labels"),
     "host mount without a mount path": (

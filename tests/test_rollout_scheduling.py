@@ -125,10 +125,16 @@ def test_aborting_a_rollout_ends_its_waiting_sequences_and_the_server_keeps_serv
         async with httpx.AsyncClient(base_url=length_aware_server.url, headers=AUTH, timeout=300) as client:
             capacity = (await client.get("/admin/status")).json()["scheduling"]["capacity"]
             posts = [asyncio.create_task(client.post("/v1/completions", json=b)) for b in bodies]
-            queued = await _until_waiting(client, len(bodies) - capacity)
+            await _until_waiting(client, len(bodies) - capacity)
+            # frozen while the queue is read and the rollout aborted: a sequence admitted into a
+            # slot the abort frees cannot generate a token before its own abort reaches it
+            assert (await client.post("/admin/pause", json={"mode": "keep"})).status_code == 200
+            queued = (await client.get("/admin/status")).json()["scheduling"]
             aborted = await client.post("/admin/abort_rollout", json={"rollout_id": rollout})
             assert aborted.status_code == 200
-            return [(await p).json() for p in posts], queued
+            replies = [(await p).json() for p in posts]
+            assert (await client.post("/admin/resume")).status_code == 200
+            return replies, queued
 
     replies, queued = asyncio.run(scenario())
     assert queued["running"] == queued["capacity"] == CAPACITY + 1  # the engine's slots and one of headroom

@@ -9,7 +9,7 @@ from typing import Any
 
 import httpx
 
-from conftest import API_KEY
+from conftest import API_KEY, admin_status
 from server_process import ServerProcess
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
@@ -19,11 +19,6 @@ def admin(server: ServerProcess, route: str, body: dict[str, Any] | None = None)
     return httpx.post(f"{server.url}/admin/{route}", json=body, headers=AUTH, timeout=300)
 
 
-def status(server: ServerProcess) -> dict[str, Any]:
-    reply = httpx.get(f"{server.url}/admin/status", headers=AUTH, timeout=60)
-    assert reply.status_code == 200
-    result: dict[str, Any] = reply.json()
-    return result
 
 
 def running_in_engine(server: ServerProcess) -> float:
@@ -45,7 +40,7 @@ def finished_as_aborted(server: ServerProcess) -> float:
 def wait_until_idle(server: ServerProcess, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if running_in_engine(server) == 0 and status(server)["in_flight_requests"] == 0:
+        if running_in_engine(server) == 0 and admin_status(server)["in_flight_requests"] == 0:
             return
         time.sleep(0.5)
     raise AssertionError(f"engine still busy after {timeout} s")
@@ -125,7 +120,8 @@ def test_pause_with_abort_counts_the_requests_it_ends_as_aborted(tiny_server: Se
                                                                                        rollout_id="paused-away")))
             while (await client.get("/v1/rollouts/paused-away")).status_code != 200:
                 await asyncio.sleep(0.05)
-            await asyncio.sleep(0.3)  # generating by now
+            while await asyncio.to_thread(running_in_engine, tiny_server) < 1:  # scheduled: vLLM counts its abort
+                await asyncio.sleep(0.05)
             assert (await client.post("/admin/pause", json={"mode": "abort"})).status_code == 200
             await client.post("/admin/resume")
             return await task
@@ -203,11 +199,11 @@ def test_pause_holds_new_requests_until_resume(tiny_server: ServerProcess) -> No
 def test_a_paused_server_reports_paused_not_sleeping(tiny_server: ServerProcess) -> None:
     assert admin(tiny_server, "pause", {"mode": "keep"}).status_code == 200
     try:
-        paused = status(tiny_server)
+        paused = admin_status(tiny_server)
     finally:
         assert admin(tiny_server, "resume").status_code == 200
     assert (paused["paused"], paused["sleeping"], paused["sleep_level"]) == (True, False, None)
-    resumed = status(tiny_server)
+    resumed = admin_status(tiny_server)
     assert (resumed["paused"], resumed["sleeping"]) == (False, False)
 
 
@@ -225,7 +221,7 @@ def test_reset_prefix_cache_succeeds(tiny_server: ServerProcess) -> None:
 def test_update_weights_rejects_a_path_without_weights(tiny_server: ServerProcess, tmp_path: Path) -> None:
     reply = admin(tiny_server, "update_weights", {"path": str(tmp_path), "version": "v-bad"})
     assert reply.status_code == 400 and reply.json()["error"]["param"] == "path"
-    assert status(tiny_server)["weight_version"] != "v-bad"
+    assert admin_status(tiny_server)["weight_version"] != "v-bad"
 
 
 def test_weight_update_under_load_changes_outputs_version_and_drops_drafter_state(
@@ -255,9 +251,9 @@ def test_weight_update_under_load_changes_outputs_version_and_drops_drafter_stat
     assert {r.json()["weight_version"] for r in replies} <= {before["version"], "v2"}
     after = greedy()
     assert after["version"] == "v2" and after["ids"] != before["ids"]
-    assert status(tiny_server)["weight_version"] == "v2"
+    assert admin_status(tiny_server)["weight_version"] == "v2"
     # Back to the original weights: outputs come back exactly, the drafter starts empty.
     restore = admin(tiny_server, "update_weights", {"path": str(tiny_dir), "version": "v3", "in_flight": "abort"})
     assert restore.status_code == 200
-    assert status(tiny_server)["drafter"]["active_requests"] == 0
+    assert admin_status(tiny_server)["drafter"]["active_requests"] == 0
     assert greedy() == {"ids": before["ids"], "version": "v3"}

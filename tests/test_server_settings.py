@@ -7,12 +7,14 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
 
 from samrollout.config import ADDITIONAL_CONFIG_KEY, SpeculationConfig
 from samrollout.drafter import DraftPolicy
+from samrollout.server.runtime import open_weight_uploads
 from samrollout.server.settings import ServerSettings, add_settings_flags, settings_from_args
 
 
@@ -48,6 +50,8 @@ def test_draft_policy_is_read_from_its_environment_variable(monkeypatch: pytest.
     (["--host", "0.0.0.0"], {}, "--api-key"),
     ([], {"SAMROLLOUT_HOST": "0.0.0.0"}, "--allow-unauthenticated-admin"),
     (["--host", "192.168.1.20", "--api-key", ""], {}, "api_key"),
+    (["--max-weight-upload-bytes", "0"], {}, "max_weight_upload_bytes"),
+    ([], {"SAMROLLOUT_WEIGHT_UPLOAD_IDLE_SECONDS": "0"}, "weight_upload_idle_seconds"),
 ])
 def test_invalid_settings_stop_serve_at_start_up_naming_the_setting(flags: list[str], env: dict[str, str],
                                                                       named: str) -> None:
@@ -92,3 +96,40 @@ def test_request_limits_have_documented_defaults_and_flags(monkeypatch: pytest.M
     assert (limited.max_prompts, limited.max_prompt_tokens) == (8, 100)
     monkeypatch.setenv("SAMROLLOUT_MAX_PROMPT_TOKENS", "300")
     assert _settings().max_prompt_tokens == 300
+
+
+def test_weight_upload_settings_have_documented_defaults_flags_and_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("WEIGHT_STAGING_DIR", "MAX_WEIGHT_UPLOAD_BYTES", "MAX_WEIGHT_UPLOADS", "WEIGHT_UPLOAD_IDLE_SECONDS"):
+        monkeypatch.delenv(f"SAMROLLOUT_{name}", raising=False)
+    defaults = _settings()
+    assert (defaults.weight_staging_dir, defaults.max_weight_upload_bytes) == (None, None)
+    assert (defaults.max_weight_uploads, defaults.weight_upload_idle_seconds) == (2, 600.0)
+    given = _settings("--weight-staging-dir", "/scratch", "--max-weight-upload-bytes", "1000",
+                      "--max-weight-uploads", "3", "--weight-upload-idle-seconds", "30")
+    assert (given.weight_staging_dir, given.max_weight_upload_bytes, given.max_weight_uploads,
+            given.weight_upload_idle_seconds) == ("/scratch", 1000, 3, 30.0)
+    monkeypatch.setenv("SAMROLLOUT_MAX_WEIGHT_UPLOAD_BYTES", "5000")
+    assert _settings().max_weight_upload_bytes == 5000
+
+
+def test_weight_uploads_stage_under_the_configured_dir_with_a_bound_from_the_served_checkpoint(
+        tmp_path: Path) -> None:
+    layout = {"a": ((1024, 1024), "BF16"), "b": ((10,), "F32")}  # 2 MiB + 40 bytes of tensors
+    uploads = open_weight_uploads(ServerSettings(weight_staging_dir=str(tmp_path / "staging")), layout)
+    try:
+        assert uploads.folder.parent == tmp_path / "staging"
+        assert uploads.max_bytes == 2 * (2 * 2**20 + 40) + 64 * 2**20
+    finally:
+        uploads.close()
+    assert not uploads.folder.exists()
+    unknown = open_weight_uploads(ServerSettings(weight_staging_dir=str(tmp_path / "s2"), max_weight_uploads=1), None)
+    assert unknown.max_bytes == 64 * 2**30 and unknown.max_uploads == 1
+    unknown.close()
+    assert open_weight_uploads(ServerSettings(weight_staging_dir=str(tmp_path), max_weight_upload_bytes=7),
+                               layout).max_bytes == 7
+
+
+def test_a_staging_dir_that_cannot_be_made_stops_the_start_naming_it(tmp_path: Path) -> None:
+    (tmp_path / "a-file").write_text("not a directory")
+    with pytest.raises(RuntimeError, match=r"a-file/staging.*--weight-staging-dir"):
+        open_weight_uploads(ServerSettings(weight_staging_dir=str(tmp_path / "a-file" / "staging")), None)

@@ -10,7 +10,8 @@
 from samrollout_client.client import AsyncRolloutClient
 from samrollout_client.errors import NoEndpointAvailable, RequestRejected, RolloutFailed, SamrolloutError
 from samrollout_client.sync import RolloutClient
-from samrollout_client.types import GroupResult, RolloutReport, Sample, SampleFailure, Sampling, SpecStats
+from samrollout_client.types import GroupResult, RolloutReport, Sample, SampleFailure, Sampling, SpecStats, WeightPush
 
 __all__ = ["AsyncRolloutClient", "GroupResult", "NoEndpointAvailable", "RequestRejected", "RolloutClient",
-           "RolloutFailed", "RolloutReport", "Sample", "SampleFailure", "Sampling", "SamrolloutError", "SpecStats"]
+           "RolloutFailed", "RolloutReport", "Sample", "SampleFailure", "Sampling", "SamrolloutError", "SpecStats",
+           "WeightPush"]

@@ -16,6 +16,7 @@ the partial results.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 from collections.abc import Sequence
@@ -28,7 +29,17 @@ from samrollout_client.errors import NoEndpointAvailable, RequestRejected, Rollo
 from samrollout_client.placement import PLACEMENTS, LengthHistory, Placement, place_by_predicted_work
 from samrollout_client.progress import RolloutProgress
 from samrollout_client.report import combine_summaries
-from samrollout_client.types import GroupResult, Prompt, RolloutReport, Sample, SampleFailure, Sampling, SpecStats
+from samrollout_client.types import (
+    GroupResult,
+    Prompt,
+    RolloutReport,
+    Sample,
+    SampleFailure,
+    Sampling,
+    SpecStats,
+    WeightPush,
+)
+from samrollout_client.weights import DEFAULT_SHARD_BYTES, WeightFile, WeightFiles, WeightsSource
 
 _RETRYABLE = (httpx.TransportError, httpx.TimeoutException)
 
@@ -194,6 +205,81 @@ class AsyncRolloutClient:
                              timeout_s: float = 600.0) -> None:
         """Load new weights on every endpoint and wait until all of them serve ``version``."""
         await self._broadcast("/admin/update_weights", {"path": path, "version": version, "in_flight": in_flight})
+        await self._wait_for_version(version, timeout_s)
+
+    async def push_weights(self, weights: WeightsSource, version: str, in_flight: Literal["wait", "abort"] = "wait",
+                           *, shard_bytes: int = DEFAULT_SHARD_BYTES, timeout_s: float = 600.0) -> WeightPush:
+        """Send new weights to every endpoint over HTTP (no shared disk), load them everywhere, wait for ``version``.
+
+        ``weights``: a directory of ``*.safetensors`` files (streamed from disk), or a state dict,
+        name -> torch tensor or numpy array, with the served checkpoint's tensor names, shapes and
+        dtypes (serialised one shard of at most ``shard_bytes`` tensor bytes at a time, so the
+        client holds about two shards' bytes at once), or a stream of such ``(name, tensor)`` pairs
+        (an iterator or async iterator, packed into shards as it is read). Each file goes to every
+        endpoint at once with its SHA-256 (`POST/PUT /admin/weight_uploads`); only once every
+        endpoint holds every file are the uploads committed, each loading them as `update_weights`
+        loads a directory. A failure before the commits cancels every upload (nothing is loaded
+        anywhere) and raises `SamrolloutError` (`RequestRejected` for a 4xx: a bad file, over the
+        server's size bound); a commit that fails (bad tensor names, shapes or dtypes: 400) leaves
+        that endpoint on its old weights. Returns what was sent and how long the upload and the load
+        took.
+        """
+        started = time.monotonic()
+        source = WeightFiles(weights, shard_bytes)  # a bad argument fails here, before any request
+        endpoints = list(self.pool.endpoints)
+        opened = await asyncio.gather(*(self._post(e, "/admin/weight_uploads", None) for e in endpoints),
+                                      return_exceptions=True)
+        uploads = [(e, str(r["upload_id"])) for e, r in zip(endpoints, opened, strict=True) if isinstance(r, dict)]
+        names: list[str] = []
+        sent = 0
+        try:
+            _raise_failures("opening a weight upload", endpoints, opened)
+            for endpoint, reply in zip(endpoints, opened, strict=True):
+                assert isinstance(reply, dict)
+                if source.total_bytes is not None and source.total_bytes > int(reply["max_bytes"]):
+                    raise RequestRejected(endpoint.url, 413, f"these weights ({source.total_bytes} bytes) exceed the "
+                                          f"server's upload bound of {reply['max_bytes']} bytes "
+                                          "(--max-weight-upload-bytes)")
+            async for file in source.files():
+                replies = await asyncio.gather(*(self._put_file(e, upload, file) for e, upload in uploads),
+                                               return_exceptions=True)
+                _raise_failures(f"sending {file.name}", endpoints, replies)
+                names.append(file.name)
+                sent += file.size * len(uploads)
+        except BaseException:
+            await asyncio.gather(*(self._cancel_upload(e, upload) for e, upload in uploads), return_exceptions=True)
+            raise
+        uploaded = time.monotonic()
+        body = {"version": version, "in_flight": in_flight}
+        commits = await asyncio.gather(*(self._post(e, f"/admin/weight_uploads/{upload}/commit", body)
+                                         for e, upload in uploads), return_exceptions=True)
+        _raise_failures("committing the weights", endpoints, commits)
+        await self._wait_for_version(version, timeout_s)
+        done = time.monotonic()
+        return WeightPush(version=version, endpoints=len(uploads), files=names, bytes=sent // max(len(uploads), 1),
+                          bytes_sent=sent, upload_s=uploaded - started, load_s=done - uploaded,
+                          seconds=done - started)
+
+    async def _put_file(self, endpoint: Endpoint, upload_id: str, file: WeightFile) -> None:
+        """Stream one file into an upload; 4xx -> `RequestRejected`, anything else -> `SamrolloutError`."""
+        url = f"{endpoint.url}/admin/weight_uploads/{upload_id}/files/{file.name}"
+        headers = {"X-Content-SHA256": file.sha256, "Content-Length": str(file.size),
+                   "Content-Type": "application/octet-stream"}
+        try:
+            reply = await self._http.put(url, content=file.chunks(), headers=headers)
+        except httpx.HTTPError as error:
+            raise SamrolloutError(f"{endpoint.url}: sending {file.name} failed: {type(error).__name__}: {error}") \
+                from None
+        if reply.status_code >= 400:
+            raise RequestRejected(endpoint.url, reply.status_code, _error_message(reply))
+
+    async def _cancel_upload(self, endpoint: Endpoint, upload_id: str) -> None:
+        """Cancel an upload (best effort: one that expired or was committed is gone anyway)."""
+        with contextlib.suppress(httpx.HTTPError):
+            await self._http.delete(f"{endpoint.url}/admin/weight_uploads/{upload_id}", timeout=30.0)
+
+    async def _wait_for_version(self, version: str, timeout_s: float) -> None:
+        """Return once every endpoint's /health reports ``version``; SamrolloutError after ``timeout_s``."""
         deadline = time.monotonic() + timeout_s
         while True:
             versions = await asyncio.gather(*(self._version(e) for e in self.pool.endpoints))
@@ -254,6 +340,17 @@ class AsyncRolloutClient:
             return version
         except httpx.HTTPError:
             return None
+
+
+def _raise_failures(what: str, endpoints: Sequence[Endpoint], replies: Sequence[object]) -> None:
+    """Raise the failure if one endpoint failed (a `RequestRejected` stays one), or one error naming every endpoint."""
+    failed = [(e, r) for e, r in zip(endpoints, replies, strict=True) if isinstance(r, BaseException)]
+    if not failed:
+        return
+    if len(failed) == 1 and isinstance(failed[0][1], SamrolloutError):
+        raise failed[0][1]
+    details = "; ".join(f"{e.url}: {r}" for e, r in failed)
+    raise SamrolloutError(f"{what} failed on {len(failed)} endpoint(s): {details}")
 
 
 def _error_message(reply: httpx.Response) -> str:

@@ -8,7 +8,8 @@ from collections.abc import Coroutine, Sequence
 from typing import Any, Literal, TypeVar
 
 from samrollout_client.client import AsyncRolloutClient
-from samrollout_client.types import GroupResult, Prompt, RolloutReport, Sampling
+from samrollout_client.types import GroupResult, Prompt, RolloutReport, Sampling, WeightPush
+from samrollout_client.weights import DEFAULT_SHARD_BYTES, WeightsSource
 
 T = TypeVar("T")
 
@@ -37,6 +38,12 @@ class RolloutClient:
     def update_weights(self, path: str, version: str, in_flight: Literal["wait", "abort"] = "wait") -> None:
         """See `AsyncRolloutClient.update_weights`."""
         self._run(self._client.update_weights(path, version, in_flight))
+
+    def push_weights(self, weights: WeightsSource, version: str, in_flight: Literal["wait", "abort"] = "wait",
+                     *, shard_bytes: int = DEFAULT_SHARD_BYTES, timeout_s: float = 600.0) -> WeightPush:
+        """See `AsyncRolloutClient.push_weights`."""
+        return self._run(self._client.push_weights(weights, version, in_flight, shard_bytes=shard_bytes,
+                                                   timeout_s=timeout_s))
 
     def pause(self, mode: Literal["keep", "wait", "abort"] = "keep") -> None:
         """See `AsyncRolloutClient.pause`."""

@@ -87,3 +87,21 @@ class RolloutReport(BaseModel):
                 f"tail {self.tail_s:.1f} s ({100 * self.tail_share:.0f}% of it); longest {self.longest_tokens} "
                 f"vs median {self.median_tokens:.0f} tokens; acceptance length {mal}; "
                 f"finish {self.finish_reasons} over {self.endpoints} endpoint(s)")
+
+
+class WeightPush(BaseModel):
+    """What `push_weights` did: the version every endpoint now serves, what was sent, and how long it took."""
+
+    version: str
+    endpoints: int
+    files: list[str] = Field(description="the files each endpoint received, in order")
+    bytes: int = Field(description="bytes of those files (one endpoint's share)")
+    bytes_sent: int = Field(description="bytes sent to all endpoints together")
+    upload_s: float = Field(description="opening the uploads and sending every file")
+    load_s: float = Field(description="the commits (checks and load on the servers) until every endpoint serves it")
+    seconds: float = Field(description="the whole push")
+
+    @property
+    def mb_per_s(self) -> float:
+        """Upload rate over all endpoints together, in MB/s (10^6 bytes)."""
+        return self.bytes_sent / 1e6 / max(self.upload_s, 1e-9)

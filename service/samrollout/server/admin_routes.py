@@ -5,19 +5,25 @@
 - ``POST /admin/sleep`` {level} and ``POST /admin/wake``: free and restore accelerator memory.
 - ``POST /admin/abort_rollout`` {rollout_id}: abort every in-flight request of one rollout.
 - ``POST /admin/reset_prefix_cache``; ``GET /admin/status``: version, paused, sleeping, in flight, drafter.
+- ``/admin/weight_uploads``: new weights pushed over HTTP (no shared disk): ``POST`` opens an upload,
+  ``PUT .../{id}/files/{name}`` streams one ``*.safetensors`` file (``X-Content-SHA256`` header),
+  ``POST .../{id}/commit`` {version, in_flight} checks and loads them as update_weights does,
+  ``GET .../{id}`` shows it, ``DELETE .../{id}`` cancels it (`weight_uploads`).
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends, Header, Request
 from pydantic import BaseModel, ConfigDict, Field
+from starlette.requests import ClientDisconnect
 
 from samrollout.server.auth import require_api_key
 from samrollout.server.errors import ApiError
 from samrollout.server.rl_fields import ID_PATTERN
 from samrollout.server.runtime import ServerRuntime
+from samrollout.server.weight_uploads import SHA256_HEADER, WeightUploads
 
 router = APIRouter(prefix="/admin", dependencies=[Depends(require_api_key)])
 _ERRORS: dict[int | str, dict[str, Any]] = {400: {"description": "bad request"}, 401: {"description": "no key"},
@@ -32,6 +38,13 @@ class UpdateWeights(_Body):
     """Where the new weights are, their version tag, and what happens to requests in flight."""
 
     path: str = Field(min_length=1, description="directory with the new *.safetensors (same architecture)")
+    version: str = Field(min_length=1, max_length=128, description="weight version reported with responses")
+    in_flight: Literal["wait", "abort"] = Field("wait", description="finish in-flight requests first, or abort")
+
+
+class CommitUpload(_Body):
+    """The version tag of the uploaded weights, and what happens to requests in flight while they load."""
+
     version: str = Field(min_length=1, max_length=128, description="weight version reported with responses")
     in_flight: Literal["wait", "abort"] = Field("wait", description="finish in-flight requests first, or abort")
 
@@ -59,10 +72,83 @@ def _runtime(request: Request) -> ServerRuntime:
     return runtime
 
 
+def _uploads(request: Request) -> WeightUploads:
+    return _runtime(request).weight_uploads
+
+
 @router.post("/update_weights", responses=_ERRORS)
 async def update_weights(body: UpdateWeights, request: Request) -> dict[str, Any]:
     """Load new policy weights atomically between steps; drafter state and prefix cache are dropped."""
     return await _runtime(request).update_weights(body.path, body.version, body.in_flight)
+
+
+_UPLOAD_ERRORS: dict[int | str, dict[str, Any]] = {
+    **_ERRORS, 404: {"description": "no such open upload"}, 413: {"description": "over --max-weight-upload-bytes"},
+    429: {"description": "--max-weight-uploads are open"}, 507: {"description": "the staging disk is full"}}
+_FILE_BODY: dict[str, Any] = {"requestBody": {"required": True, "description": "the file's bytes, streamed",
+                                              "content": {"application/octet-stream": {
+                                                  "schema": {"type": "string", "format": "binary"}}}}}
+
+
+@router.post("/weight_uploads", responses=_UPLOAD_ERRORS, status_code=201)
+async def open_weight_upload(request: Request) -> dict[str, Any]:
+    """Open an upload of new weights (no shared disk needed): PUT its files, then commit it.
+
+    Answers its ``upload_id``, its byte bound (``max_bytes``) and ``expires_in_s`` (an upload
+    left idle that long is deleted).
+    """
+    uploads = _uploads(request)
+    return uploads.describe(uploads.create())
+
+
+@router.put("/weight_uploads/{upload_id}/files/{file_name:path}", responses=_UPLOAD_ERRORS,
+            openapi_extra=_FILE_BODY)
+async def put_weight_file(upload_id: str, file_name: str, request: Request,
+                          sha256: Annotated[str | None, Header(alias=SHA256_HEADER, description=(
+                              "hex SHA-256 of the file; a mismatch is a 400 and the file is dropped"))] = None,
+                          ) -> dict[str, Any]:
+    """Stream one ``*.safetensors`` file into the upload (to disk as it arrives; its SHA-256 checked at the end).
+
+    A plain file name only (no directories); sending a name again replaces that file.
+    """
+    length = request.headers.get("content-length")
+    try:
+        return await _uploads(request).receive(upload_id, file_name, request.stream(), sha256,
+                                               int(length) if length and length.isdigit() else None)
+    except ClientDisconnect:
+        raise ApiError(400, f"the client disconnected before {file_name} was complete; it is not staged") from None
+
+
+@router.get("/weight_uploads/{upload_id}", responses=_UPLOAD_ERRORS)
+async def get_weight_upload(upload_id: str, request: Request) -> dict[str, Any]:
+    """An open upload: its complete files and their sizes, bytes staged, seconds until it expires if left idle."""
+    uploads = _uploads(request)
+    return uploads.describe(uploads.get(upload_id))
+
+
+@router.post("/weight_uploads/{upload_id}/commit", responses=_UPLOAD_ERRORS)
+async def commit_weight_upload(upload_id: str, body: CommitUpload, request: Request) -> dict[str, Any]:
+    """Check the uploaded files and load them as ``version``, exactly as /admin/update_weights loads a directory.
+
+    The upload ends either way: loaded (200) or refused (400 naming the file and tensor;
+    the old weights keep serving); its files are deleted.
+    """
+    runtime = _runtime(request)
+    upload = runtime.weight_uploads.begin_commit(upload_id)
+    try:
+        result = await runtime.load_weights(str(upload.folder), body.version, body.in_flight, param=None,
+                                            source=f"weight upload {upload_id}")
+    finally:
+        runtime.weight_uploads.finish(upload)
+    return {**result, "upload_id": upload_id, "files": sorted(upload.files),
+            "bytes": sum(size for size, _ in upload.files.values())}
+
+
+@router.delete("/weight_uploads/{upload_id}", responses=_UPLOAD_ERRORS)
+async def cancel_weight_upload(upload_id: str, request: Request) -> dict[str, Any]:
+    """Cancel an open upload: its files are deleted and nothing is loaded."""
+    upload = _uploads(request).cancel(upload_id)
+    return {"upload_id": upload.upload_id, "cancelled": True}
 
 
 @router.post("/pause", responses=_ERRORS)
@@ -119,7 +205,7 @@ async def reset_prefix_cache(request: Request) -> dict[str, Any]:
 
 @router.get("/status", responses=_ERRORS)
 async def status(request: Request) -> dict[str, Any]:
-    """Weight version, paused/sleeping, HTTP requests in flight, rollout scheduling, and the drafter's counters.
+    """Weight version, paused/sleeping, HTTP requests in flight, rollout scheduling, open weight uploads, drafter.
 
     ``sleeping`` is what /admin/sleep did, not the engine's ``is_sleeping()``, which is also
     true while generation is merely paused.
@@ -128,4 +214,5 @@ async def status(request: Request) -> dict[str, Any]:
     return {"model": runtime.model_name, "weight_version": runtime.weight_version,
             "paused": await runtime.engine.is_paused(), "sleeping": runtime.sleep_level is not None,
             "sleep_level": runtime.sleep_level, "in_flight_requests": len(runtime.inflight),
-            "scheduling": runtime.scheduling_status(), "drafter": await runtime.drafter_stats()}
+            "scheduling": runtime.scheduling_status(), "weight_uploads": runtime.weight_uploads.status(),
+            "drafter": await runtime.drafter_stats()}

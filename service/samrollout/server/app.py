@@ -36,6 +36,7 @@ def build_app(settings: ServerSettings) -> FastAPI:
         logger.info("serving %s (weights %s) with speculation %s", runtime.model_name, runtime.weight_version,
                     "on" if settings.speculation else "off")
         background = [asyncio.create_task(_finish_idle_rollouts(runtime)),
+                      asyncio.create_task(_expire_idle_uploads(runtime)),
                       asyncio.create_task(exit_when_engine_dies(runtime.engine, lambda: _request_exit(app)))]
         try:
             yield
@@ -84,6 +85,15 @@ async def _finish_idle_rollouts(runtime: ServerRuntime, period: float = 0.5) -> 
         runtime.rollouts.finish_idle()
 
 
+async def _expire_idle_uploads(runtime: ServerRuntime) -> None:
+    """Delete weight uploads left idle past ``--weight-upload-idle-seconds`` (checked a few times per period)."""
+    uploads = runtime.weight_uploads
+    period = max(0.5, min(30.0, uploads.idle_seconds / 4))
+    while True:
+        await asyncio.sleep(period)
+        uploads.expire()
+
+
 def _request_exit(app: FastAPI) -> None:
     """The engine died: mark it, and stop serving if the launcher said how (`samrollout serve` does)."""
     app.state.engine_died = True
@@ -100,6 +110,7 @@ async def _stop(runtime: ServerRuntime) -> None:
             logger.info("shutting down: aborting %d engine requests still in flight", len(ids))
             await runtime.generation.abort(ids)
     finally:
+        runtime.weight_uploads.close()
         runtime.engine.shutdown()
 
 

@@ -15,6 +15,7 @@ import logging
 import os
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 from starlette.datastructures import State
@@ -27,6 +28,7 @@ from samrollout.server.inflight import InflightRegistry
 from samrollout.server.length_predictor import LengthPredictor
 from samrollout.server.scheduled_engine import ScheduledEngineClient, output_tokens_so_far
 from samrollout.server.settings import ServerSettings
+from samrollout.server.weight_uploads import WeightUploads, default_max_bytes, default_staging_root
 from samrollout.server.weights_check import Layout, WeightsError, check_weights_dir, checkpoint_layout
 
 logger = logging.getLogger("samrollout.server")
@@ -79,6 +81,7 @@ class ServerRuntime:
     max_model_len: int
     weight_version: str
     rollouts: RolloutTracker
+    weight_uploads: WeightUploads    # weights pushed over HTTP, staged until committed (/admin/weight_uploads)
     inflight: InflightRegistry = field(default_factory=InflightRegistry)
     update_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     expected_weights: Layout | None = None  # the served checkpoint's tensors: what weight updates must match
@@ -108,20 +111,28 @@ class ServerRuntime:
         return status
 
     async def update_weights(self, path: str, version: str, in_flight: InFlightChoice) -> dict[str, Any]:
-        """Load new policy weights from ``path`` between steps and serve them as ``version``.
+        """Load new policy weights from the directory ``path`` (``POST /admin/update_weights``); see `load_weights`."""
+        return await self.load_weights(path, version, in_flight, param="path", source=path)
 
-        Generation is paused first: in-flight requests either finish on the old weights
-        ("wait") or are aborted ("abort"); requests arriving meanwhile queue and run on the
-        new weights.  The prefix cache and the drafters' automata are dropped, since both
-        were built by the old policy.  The files are checked first (`weights_check`): a bad
-        directory is a 400 naming the file and tensor, and the engine never sees it.
+    async def load_weights(self, path: str, version: str, in_flight: InFlightChoice, *, param: str | None,
+                           source: str) -> dict[str, Any]:
+        """Load new policy weights from the directory ``path`` between steps and serve them as ``version``.
+
+        The one load path of both a directory the server reads (``update_weights``) and a
+        committed upload (``/admin/weight_uploads``).  The files are checked first
+        (`weights_check`): a bad directory is a 400 naming the file and tensor (``param``:
+        the request field it came from), and the engine never sees it.  Then generation is
+        paused: in-flight requests either finish on the old weights ("wait") or are aborted
+        ("abort"); requests arriving meanwhile queue and run on the new weights.  The prefix
+        cache and the drafters' automata are dropped, since both were built by the old
+        policy.  ``source`` says where the weights came from, for the log.
         """
         from samrollout.server.vllm_serving import set_engine_weight_version
 
         try:  # file IO: off the event loop
             folder = await asyncio.to_thread(check_weights_dir, path, self.expected_weights)
         except WeightsError as error:
-            raise ApiError(400, f"weights not loaded: {error}", "path") from None
+            raise ApiError(400, f"weights not loaded: {error}", param) from None
         async with self.update_lock:
             old = self.weight_version
             await self.pause(in_flight, clear_cache=True)
@@ -134,7 +145,7 @@ class ServerRuntime:
                 await set_engine_weight_version(self.engine, version)
             finally:
                 await self.engine.resume_generation()
-        logger.info("weights %s -> %s loaded from %s (in-flight: %s)", old, version, path, in_flight)
+        logger.info("weights %s -> %s loaded from %s (in-flight: %s)", old, version, source, in_flight)
         return {"weight_version": version, "previous_version": old, "in_flight": in_flight}
 
     async def drafter_stats(self) -> dict[str, Any]:
@@ -202,7 +213,13 @@ async def start_runtime(settings: ServerSettings, state: State) -> ServerRuntime
     from samrollout.server.vllm_serving import init_app_state, set_engine_weight_version
 
     model_path = resolve_model(settings)
-    engine, args = build_engine(settings, model_path)
+    layout = checkpoint_layout(model_path)
+    uploads = open_weight_uploads(settings, layout)  # before the engine: a bad staging dir fails fast
+    try:
+        engine, args = build_engine(settings, model_path)
+    except BaseException:
+        uploads.close()
+        raise
     vllm_config = engine.vllm_config
     generation = generation_client(settings, engine)
     try:
@@ -212,6 +229,7 @@ async def start_runtime(settings: ServerSettings, state: State) -> ServerRuntime
         set_weight_version(settings.weight_version)
     except BaseException:
         engine.shutdown()
+        uploads.close()
         raise
     model_config = vllm_config.model_config
     return ServerRuntime(settings=settings, engine=engine, generation=generation, state=state,
@@ -219,5 +237,23 @@ async def start_runtime(settings: ServerSettings, state: State) -> ServerRuntime
                          vocab_size=int(model_config.get_vocab_size()),
                          max_model_len=int(model_config.max_model_len),
                          weight_version=settings.weight_version,
-                         expected_weights=checkpoint_layout(model_path),
-                         rollouts=RolloutTracker(settings.threshold, settings.rollout_idle_seconds))
+                         expected_weights=layout,
+                         rollouts=RolloutTracker(settings.threshold, settings.rollout_idle_seconds),
+                         weight_uploads=uploads)
+
+
+def open_weight_uploads(settings: ServerSettings, layout: Layout | None) -> WeightUploads:
+    """The staging area of weights pushed over HTTP, under ``--weight-staging-dir`` (default: the system temp dir).
+
+    A directory that cannot be created or written stops the start with a message naming it.
+    """
+    root = Path(settings.weight_staging_dir) if settings.weight_staging_dir else default_staging_root()
+    max_bytes = settings.max_weight_upload_bytes or default_max_bytes(layout)
+    try:
+        uploads = WeightUploads(root, max_bytes, settings.max_weight_uploads, settings.weight_upload_idle_seconds)
+    except OSError as error:
+        raise RuntimeError(f"cannot stage weight uploads under {str(root)!r} (--weight-staging-dir): "
+                           f"{error.strerror or error}") from None
+    logger.info("weight uploads staged under %s (at most %d open, %d bytes each, expiring after %g s idle)",
+                uploads.folder, uploads.max_uploads, uploads.max_bytes, uploads.idle_seconds)
+    return uploads

@@ -76,6 +76,16 @@ class ServerSettings(BaseSettings):
         "from earlier rollouts (LRU; 0: none)")
     rollout_idle_seconds: float = Field(2.0, gt=0.0, description="a rollout ends this long after its last response")
     shutdown_timeout: float = Field(30.0, ge=0.0, description="seconds SIGTERM waits for in-flight requests")
+    weight_staging_dir: str | None = Field(
+        None, min_length=1, description="directory where weights pushed over HTTP (/admin/weight_uploads) are "
+        "staged until they are committed (default: samrollout-weight-uploads under the system temp dir)")
+    max_weight_upload_bytes: int | None = Field(
+        None, ge=1, description="most bytes one weight upload may stage, all its files together (default: twice "
+        "the served checkpoint's tensor bytes plus 64 MiB; 64 GiB when the model is not a local safetensors "
+        "directory)")
+    max_weight_uploads: int = Field(2, ge=1, le=64, description="weight uploads open at once")
+    weight_upload_idle_seconds: float = Field(
+        600.0, gt=0.0, description="a weight upload untouched this long is cancelled and its files deleted")
     log_level: LogLevel = Field("info", description="server log level")
     vllm_args: list[str] = Field(default_factory=list, description="extra vLLM engine flags, passed through")
 
@@ -189,6 +199,10 @@ _FLAGS: dict[str, dict[str, Any]] = {
     "scheduling_history": {"type": int},
     "rollout_idle_seconds": {"type": float},
     "shutdown_timeout": {"type": float},
+    "weight_staging_dir": {"metavar": "DIR"},
+    "max_weight_upload_bytes": {"type": int},
+    "max_weight_uploads": {"type": int},
+    "weight_upload_idle_seconds": {"type": float},
     "log_level": {"choices": ["debug", "info", "warning", "error"]},
 }
 

@@ -146,6 +146,10 @@ spec:
     - name: models
       mountPath: {{ $mountPath }}
       readOnly: {{ .Values.modelVolume.readOnly }}
+    {{- if .Values.weightStaging.emptyDir }}
+    - name: weight-staging
+      mountPath: {{ get .Values.server "weightStagingDir" | default "/tmp/samrollout-weight-uploads" | quote }}
+    {{- end }}
     {{- range $backend.hostMounts }}
     - name: {{ .name }}
       mountPath: {{ .mountPath }}
@@ -177,6 +181,15 @@ spec:
   {{- else }}
   - name: models
     {{- with .Values.modelVolume.emptyDir.sizeLimit }}
+    emptyDir:
+      sizeLimit: {{ . }}
+    {{- else }}
+    emptyDir: {}
+    {{- end }}
+  {{- end }}
+  {{- if .Values.weightStaging.emptyDir }}
+  - name: weight-staging
+    {{- with .Values.weightStaging.sizeLimit }}
     emptyDir:
       sizeLimit: {{ . }}
     {{- else }}

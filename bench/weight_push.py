@@ -1,0 +1,130 @@
+"""Weight updates pushed over HTTP against the shared-disk path, on one server in one run.
+
+    python bench/weight_push.py --repeats 3 --json bench/results/weight-push-cpu.json
+
+Starts `samrollout serve` with the built-in SmolLM2-135M (its bf16 checkpoint, 269 MB) and
+loads that checkpoint into it again and again, four ways (``--paths``), each timed from the
+client's call until the server reports the new version:
+
+- ``disk``: ``update_weights(path)``: the server reads the directory itself (shared disk);
+- ``push_path``: ``push_weights(path)``: the client streams the directory's files over
+  loopback HTTP, the server stages them on its disk, checks them and loads them;
+- ``push_state_dict``: ``push_weights(state_dict)``: the same from torch tensors in the
+  client's memory, serialised shard by shard (``--shard-mb``) on the way;
+- ``push_stream``: ``push_weights(iter(state_dict.items()))``: the same tensors as a stream of
+  ``(name, tensor)`` pairs, packed into shards as they are read (what the veRL backend sends).
+
+For the pushes the upload (files sent and staged) and the load (commit: checks, pause, load)
+are timed apart; MB/s is the checkpoint's bytes over the upload.  One warm-up of each path
+first, then ``--repeats`` rounds, the paths in a rotated order each round; the table shows
+the median round and the range.  The JSON keeps every round.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "tests"))  # server_process: start/stop servers
+PATHS = ("disk", "push_path", "push_state_dict", "push_stream")
+
+
+def measure(client: Any, path: str, model_dir: Path, state: dict[str, Any], version: str,
+            shard_bytes: int) -> dict[str, float]:
+    """One weight update along ``path``: seconds in all, and for pushes the upload and load apart."""
+    start = time.perf_counter()
+    if path == "disk":
+        client.update_weights(str(model_dir), version)
+        seconds = time.perf_counter() - start
+        return {"seconds": seconds, "upload_s": 0.0, "load_s": seconds, "bytes": 0.0}
+    weights: Any = {"push_path": model_dir, "push_state_dict": state}.get(path, iter(state.items()))
+    push = client.push_weights(weights, version, shard_bytes=shard_bytes)
+    seconds = time.perf_counter() - start
+    return {"seconds": seconds, "upload_s": push.upload_s, "load_s": push.load_s, "bytes": float(push.bytes),
+            "upload_mb_per_s": push.bytes / 1e6 / push.upload_s, "files": float(len(push.files))}
+
+
+def summary(runs: list[dict[str, float]], checkpoint_bytes: int) -> dict[str, Any]:
+    """Median round by total seconds, the range, and MB/s of the checkpoint over the upload and over it all."""
+    ordered = sorted(runs, key=lambda run: run["seconds"])
+    median = dict(ordered[(len(ordered) - 1) // 2])
+    median["seconds_min"], median["seconds_max"] = ordered[0]["seconds"], ordered[-1]["seconds"]
+    median["end_to_end_mb_per_s"] = checkpoint_bytes / 1e6 / median["seconds"]
+    median["seconds_mean"] = statistics.fmean(run["seconds"] for run in runs)
+    return median
+
+
+def main() -> None:
+    """Start the server, run the paths, print the table, write the JSON."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--paths", type=lambda s: s.split(","), default=list(PATHS))
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--shard-mb", type=int, default=1024, help="state dict shard size (tensor MiB per file)")
+    parser.add_argument("--json", dest="json_path")
+    args = parser.parse_args()
+    if set(args.paths) - set(PATHS):
+        parser.error(f"unknown paths {sorted(set(args.paths) - set(PATHS))}; choose from {', '.join(PATHS)}")
+
+    from safetensors.torch import load_file
+
+    from samrollout.models import ensure_smollm2
+    from samrollout_client import RolloutClient
+    from server_process import start_server
+
+    model_dir = ensure_smollm2()
+    files = sorted(model_dir.glob("*.safetensors"))
+    checkpoint_bytes = sum(f.stat().st_size for f in files)
+    state: dict[str, Any] = {}
+    for file in files:
+        state.update(load_file(str(file)))
+    shard_bytes = args.shard_mb * 2**20
+    log = Path("/tmp/samrollout-weight-push-bench.log")
+    print(f"starting the server (log: {log}) ...", file=sys.stderr, flush=True)
+    server = start_server(["--served-model-name", "bench", "--max-model-len", "1024",
+                           "--gpu-memory-utilization", "0.1", "--log-level", "warning"], log)
+    rounds: dict[str, list[dict[str, float]]] = {path: [] for path in args.paths}
+    try:
+        with RolloutClient(server.url, model="bench") as client:
+            counter = 0
+            for path in args.paths:  # warm-up: not counted
+                counter += 1
+                measure(client, path, model_dir, state, f"warm-{counter}", shard_bytes)
+            for round_ in range(args.repeats):
+                shift = round_ % len(args.paths)
+                for path in args.paths[shift:] + args.paths[:shift]:
+                    counter += 1
+                    run = measure(client, path, model_dir, state, f"v{counter}", shard_bytes)
+                    print(f"round {round_ + 1}/{args.repeats} {path}: {run['seconds']:.2f} s", file=sys.stderr,
+                          flush=True)
+                    rounds[path].append(run)
+    finally:
+        server.stop()
+
+    results = {path: summary(runs, checkpoint_bytes) for path, runs in rounds.items()}
+    print(f"\ncheckpoint: {checkpoint_bytes / 1e6:.1f} MB in {len(files)} file(s); median of {args.repeats} rounds "
+          "(range); MB/s = checkpoint MB / seconds")
+    print(f"{'path':<17}{'total s':>9}{'range s':>15}{'upload s':>10}{'load s':>8}{'upload MB/s':>13}"
+          f"{'end-to-end MB/s':>17}")
+    for path, row in results.items():
+        upload = f"{row['upload_mb_per_s']:>13.0f}" if "upload_mb_per_s" in row else f"{'-':>13}"
+        print(f"{path:<17}{row['seconds']:>9.2f}{row['seconds_min']:>7.2f}-{row['seconds_max']:<7.2f}"
+              f"{row['upload_s']:>10.2f}{row['load_s']:>8.2f}{upload}{row['end_to_end_mb_per_s']:>17.0f}")
+    result = {"model": "SmolLM2-135M-Instruct (built-in, bf16)", "checkpoint_bytes": checkpoint_bytes,
+              "checkpoint_files": len(files), "shard_bytes": shard_bytes, "repeats": args.repeats,
+              "paths": args.paths, "results": results, "rounds": rounds, "cpu_count": os.cpu_count(),
+              "machine": platform.processor() or platform.machine(), "transport": "loopback HTTP, one endpoint"}
+    if args.json_path:
+        Path(args.json_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json_path).write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
