@@ -299,6 +299,8 @@ def _sample(prop: dict[str, Any]) -> Any:
     types = [types] if isinstance(types, str) else types
     if "enum" in prop:
         return next(v for v in reversed(prop["enum"]) if v is not None)
+    if "examples" in prop:  # a string the schema constrains by a pattern
+        return prop["examples"][0]
     if "boolean" in types:
         return False
     if "integer" in types:

@@ -36,6 +36,17 @@ def test_draft_policy_is_read_from_its_environment_variable(monkeypatch: pytest.
     assert policy.occurrence == "first"
 
 
+def test_draft_range_flag_reaches_the_engine_and_auto_drafts_long_only_on_cuda(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    explicit = _speculation_in_argv(_settings("--draft-range", "2:16,8:8").vllm_argv("m", on_cpu=True))
+    assert explicit.draft_range == ((2, 16), (8, 8))
+    auto = ServerSettings()
+    assert _speculation_in_argv(auto.vllm_argv("m", on_cpu=True)).draft_range is None  # CPU: --k up to --threshold
+    assert _speculation_in_argv(auto.vllm_argv("m", on_cpu=False, on_cuda=True)).draft_range == ((8, 8),)
+    monkeypatch.setenv("SAMROLLOUT_DRAFT_RANGE", "none")
+    assert _speculation_in_argv(ServerSettings().vllm_argv("m", on_cpu=False, on_cuda=True)).draft_range is None
+
+
 @pytest.mark.parametrize(("flags", "env", "named"), [
     (["--k", "0"], {}, "k"),
     (["--draft-policy", '{"min_match_length": 0}'], {}, "min_match_length"),
@@ -51,6 +62,8 @@ def test_draft_policy_is_read_from_its_environment_variable(monkeypatch: pytest.
     ([], {"SAMROLLOUT_HOST": "0.0.0.0"}, "--allow-unauthenticated-admin"),
     (["--host", "192.168.1.20", "--api-key", ""], {}, "api_key"),
     (["--max-weight-upload-bytes", "0"], {}, "max_weight_upload_bytes"),
+    (["--draft-range", "8:3,4:16"], {}, "draft_range"),
+    ([], {"SAMROLLOUT_DRAFT_RANGE": "8"}, "draft_range"),
     ([], {"SAMROLLOUT_WEIGHT_UPLOAD_IDLE_SECONDS": "0"}, "weight_upload_idle_seconds"),
 ])
 def test_invalid_settings_stop_serve_at_start_up_naming_the_setting(flags: list[str], env: dict[str, str],

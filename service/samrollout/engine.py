@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from samrollout.config import ADDITIONAL_CONFIG_KEY, SpeculationConfig
-from samrollout.spec_decode.schedule import SCHEDULE_FIELD, threshold_schedule, vllm_has_batch_size_schedule
+from samrollout.spec_decode.schedule import SCHEDULE_FIELD, range_schedule, vllm_has_batch_size_schedule
 
 PROPOSER_CLASS = "samrollout.spec_decode.proposer.SamProposer"
 
@@ -31,12 +31,13 @@ def engine_kwargs(model: str, speculation: SpeculationConfig | None = None, **ov
 
 
 def vllm_speculative_config(speculation: SpeculationConfig) -> dict[str, Any]:
-    """vLLM's ``speculative_config`` for SAM: our proposer class and k; with the static
-    threshold, also the threshold as vLLM's batch-size schedule where vLLM keeps one for ``custom_class`` (0.32)."""
+    """vLLM's ``speculative_config`` for SAM: our proposer class and the largest draft; with the static
+    threshold, also the draft range (or k up to the threshold) as vLLM's batch-size schedule where vLLM
+    keeps one for ``custom_class`` (0.32)."""
     config: dict[str, Any] = {"method": "custom_class", "model": PROPOSER_CLASS,
-                              "num_speculative_tokens": speculation.k}
+                              "num_speculative_tokens": speculation.largest_draft()}
     if speculation.threshold_mode == "static" and vllm_has_batch_size_schedule():
-        config[SCHEDULE_FIELD] = threshold_schedule(speculation.k, speculation.threshold)
+        config[SCHEDULE_FIELD] = range_schedule(speculation.effective_range())
     return config
 
 

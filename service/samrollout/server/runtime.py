@@ -62,7 +62,8 @@ def vllm_namespace(settings: ServerSettings, model_path: str) -> argparse.Namesp
         logger.info("per-request metrics are off: vLLM %s has no --enable-per-request-metrics (responses carry "
                     "no `metrics`; /metrics and rollout summaries still count acceptance)", installed_vllm_version())
     parser = make_arg_parser(FlexibleArgumentParser(prog="samrollout serve (vLLM engine flags)"))  # type: ignore[no-untyped-call]
-    argv = settings.vllm_argv(model_path, current_platform.is_cpu(), per_request_metrics_flags=PER_REQUEST_METRICS)
+    argv = settings.vllm_argv(model_path, current_platform.is_cpu(), per_request_metrics_flags=PER_REQUEST_METRICS,
+                              on_cuda=current_platform.is_cuda())
     args: argparse.Namespace = parser.parse_args(argv)
     validate_parsed_serve_args(args)
     return args

@@ -15,7 +15,13 @@ from typing import Any, Literal, Self
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from samrollout.config import ADDITIONAL_CONFIG_KEY, SpeculationConfig, ThresholdMode
+from samrollout.config import (
+    ADDITIONAL_CONFIG_KEY,
+    SpeculationConfig,
+    ThresholdMode,
+    default_draft_range,
+    parse_draft_range,
+)
 from samrollout.drafter import DraftPolicy
 from samrollout.engine import vllm_speculative_config
 from samrollout.server.admission import SCHEDULING_POLICIES, SchedulingPolicy
@@ -44,6 +50,10 @@ class ServerSettings(BaseSettings):
     k: int = Field(3, ge=1, le=16, description="draft tokens per step")
     threshold_mode: ThresholdMode = Field("static", description="off | static | adaptive")
     threshold: int = Field(8, ge=1, description="running requests at or below which drafting runs")
+    draft_range: str = Field(
+        "auto", description='draft length by running requests, "R:K,..." (k drafts while at most R run, none '
+        'above the last R), e.g. "2:16,8:8"; "none": --k up to --threshold; "auto": the backend\'s measured '
+        "default (CUDA: 8 drafts up to --threshold, or --k if larger; CPU and NPU: none)")
     group_drafting: bool = Field(True, description="siblings of one group draft from a shared automaton")
     draft_policy: dict[str, Any] = Field(
         default_factory=dict, description='DraftPolicy fields as a JSON object, e.g. {"min_match_length": 2}; '
@@ -94,6 +104,13 @@ class ServerSettings(BaseSettings):
     def _lower_log_level(cls, value: Any) -> Any:
         return value.lower() if isinstance(value, str) else value
 
+    @field_validator("draft_range")
+    @classmethod
+    def _valid_draft_range(cls, value: str) -> str:
+        if value not in ("auto", "none"):
+            parse_draft_range(value)  # raises ValueError saying how to write it
+        return value
+
     @field_validator("draft_policy")
     @classmethod
     def _valid_draft_policy(cls, value: dict[str, Any]) -> dict[str, Any]:
@@ -111,21 +128,28 @@ class ServerSettings(BaseSettings):
                 "--allow-unauthenticated-admin (SAMROLLOUT_ALLOW_UNAUTHENTICATED_ADMIN=true) on a network you trust")
         return self
 
-    def speculation_config(self) -> SpeculationConfig | None:
-        """The shared speculation config (None when speculation is off); raises ValueError if invalid."""
+    def speculation_config(self, on_cuda: bool = False) -> SpeculationConfig | None:
+        """The shared speculation config (None when speculation is off); raises ValueError if invalid.
+
+        ``on_cuda``: whether the engine runs on CUDA GPUs, where ``--draft-range auto`` drafts long in the tail.
+        """
         if not self.speculation:
             return None
+        draft_range = default_draft_range(self.draft_range, self.k, self.threshold, on_cuda)
         return SpeculationConfig(k=self.k, threshold_mode=self.threshold_mode, threshold=self.threshold,
-                                 group_drafting=self.group_drafting, policy=DraftPolicy.from_dict(self.draft_policy))
+                                 group_drafting=self.group_drafting, policy=DraftPolicy.from_dict(self.draft_policy),
+                                 draft_range=draft_range)
 
-    def vllm_argv(self, model_path: str, on_cpu: bool, per_request_metrics_flags: bool = True) -> list[str]:
+    def vllm_argv(self, model_path: str, on_cpu: bool, per_request_metrics_flags: bool = True,
+                  on_cuda: bool = False) -> list[str]:
         """vLLM server flags for this configuration (parsed by vLLM's own argument parser).
 
         ``per_request_metrics_flags``: whether the installed vLLM has the per-request metrics
         flags (0.32 does, 0.23 does not: then `per_request_metrics` passes nothing).
+        ``on_cuda``: the engine runs on CUDA GPUs (the draft range's "auto").
         """
         memory = self.gpu_memory_utilization or (0.3 if on_cpu else 0.9)
-        speculation = self.speculation_config()
+        speculation = self.speculation_config(on_cuda)
         argv = ["--model", model_path, "--served-model-name", self.public_model_name(model_path),
                 "--seed", str(self.seed), "--dtype", cpu_dtype(self.dtype) if on_cpu else self.dtype,
                 "--tensor-parallel-size", str(self.tensor_parallel_size),
@@ -180,6 +204,7 @@ _FLAGS: dict[str, dict[str, Any]] = {
     "k": {"type": int},
     "threshold_mode": {"choices": ["off", "static", "adaptive"]},
     "threshold": {"type": int},
+    "draft_range": {"metavar": "auto|none|R:K,..."},
     "group_drafting": {"action": argparse.BooleanOptionalAction},
     "draft_policy": {"type": lambda text: json_object(text, "--draft-policy"), "metavar": "JSON"},
     "max_model_len": {"type": int},

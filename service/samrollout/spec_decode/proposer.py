@@ -22,7 +22,7 @@ import numpy as np
 from samrollout.config import ADDITIONAL_CONFIG_KEY, GROUP_FIELD, SpeculationConfig
 from samrollout.drafter import SamDrafter
 from samrollout.spec_decode.gate import Gate, make_gate
-from samrollout.spec_decode.schedule import dense_schedule
+from samrollout.spec_decode.schedule import dense_from_range, dense_schedule
 
 # Upper bounds (seconds) of the proposer's step-time histogram, exported as samrollout_drafter_step_seconds.
 STEP_SECONDS_BUCKETS = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2)
@@ -83,8 +83,13 @@ class SamProposer:
         self.max_model_len = int(vllm_config.model_config.max_model_len)
         self.policy = self.config.policy.for_hardware(on_cpu=_on_cpu())
         self.drafter = SamDrafter(int(vllm_config.model_config.get_vocab_size()), self.policy)
-        # The static threshold as vLLM's batch-size schedule, where vLLM has one (schedule.py).
-        self.schedule = dense_schedule(vllm_config) if self.config.threshold_mode == "static" else None
+        # The static threshold (or the draft range) as vLLM's batch-size schedule, where vLLM has
+        # one; a draft range is applied here where it has none (schedule.py).
+        self.schedule = None
+        if self.config.threshold_mode == "static":
+            self.schedule = dense_schedule(vllm_config)
+            if self.schedule is None and self.config.draft_range is not None:
+                self.schedule = dense_from_range(self.config.draft_range)
         self.gate: Gate = make_gate(self.config, self.schedule)
         self.runner = runner if runner is not None else find_model_runner()
         self.draft_sampled = self._draft_sampled(self.config.sampled_requests)
@@ -116,6 +121,7 @@ class SamProposer:
                 "sampled_rows_skipped": self.sampled_rows_skipped, "active_requests": self.active_requests,
                 "propose_seconds": self.propose_seconds, "step_seconds_counts": list(self.step_seconds_counts),
                 "last_step_drafted": self.last_step_drafted, "k": self.k, "threshold": self.config.threshold,
+                "draft_range": [list(pair) for pair in self.config.effective_range()],
                 "threshold_mode": self.config.threshold_mode, "policy": self.policy.as_dict(),
                 "threshold_from_vllm_schedule": self.schedule is not None,
                 "steps_by_batch_size": _by_batch_size(self.steps_by_batch_size),

@@ -1,4 +1,4 @@
-"""The static threshold as vLLM's own batch-size schedule of draft lengths (vLLM 0.32).
+"""The static threshold and the draft range as vLLM's own batch-size schedule of draft lengths (vLLM 0.32).
 
 vLLM 0.32 has ``SpeculativeConfig.num_speculative_tokens_per_batch_size``: inclusive
 (first batch size, last batch size, k) ranges that its scheduler expands into the number
@@ -8,8 +8,8 @@ the engine's config and expands it with vLLM's own function: one source of truth
 in vLLM's config and logs.  vLLM 0.23 has no such field, and vLLM 0.33 drops the schedule
 of every proposer that cannot take it on its V1 model runner, ``custom_class`` included
 (with a warning; ``custom_class`` runs on no other runner): on both, no schedule is passed
-and the proposer's `StaticGate` applies the threshold itself (empty drafts above it), with
-the same drafts.
+and the proposer's `StaticGate` applies the same schedule itself (`dense_from_range`: drafts cut
+to the schedule's length, none above its last batch size), with the same drafts.
 """
 
 from __future__ import annotations
@@ -35,7 +35,24 @@ def vllm_has_batch_size_schedule() -> bool:
 
 def threshold_schedule(k: int, threshold: int) -> list[list[int]]:
     """The published rule as a schedule: k drafts at 1..threshold requests, none above."""
-    return [[1, threshold, k], [threshold + 1, threshold + 1, 0]]
+    return range_schedule(((threshold, k),))
+
+
+def range_schedule(draft_range: tuple[tuple[int, int], ...]) -> list[list[int]]:
+    """A draft range ((up_to_running, k), ...) as vLLM's inclusive (first, last, k) ranges, none past the last."""
+    schedule, first = [], 1
+    for last, k in draft_range:
+        schedule.append([first, last, k])
+        first = last + 1
+    return [*schedule, [first, first, 0]]
+
+
+def dense_from_range(draft_range: tuple[tuple[int, int], ...]) -> list[int]:
+    """Draft tokens per batch size (index = batch size; past the end: 0), as `dense_schedule` gives them."""
+    dense = [draft_range[0][1]]  # batch size 0 (no request runs) never drafts anything anyway
+    for last, k in draft_range:
+        dense += [k] * (last + 1 - len(dense))
+    return [*dense, 0]
 
 
 def dense_schedule(vllm_config: Any) -> list[int] | None:
