@@ -258,6 +258,25 @@ def test_group_sticky_router_sends_a_prompts_responses_to_one_server() -> None:
     assert balancer.clear_sticky_cache()["cleared_entries"] == 16
 
 
+def test_verl_loads_the_group_sticky_router_from_the_example_yaml(verl_run: dict[str, Any]) -> None:
+    from verl.workers.rollout.llm_server import LLMServerManager
+
+    config = OmegaConf.create(OmegaConf.to_container(verl_run["config"]))
+    config.actor_rollout_ref.rollout.router_config_path = str(
+        Path(__file__).resolve().parent.parent / "examples" / "verl_router.yaml")
+    servers = LLMServerManager.create(config=config, worker_group=None)
+    client = servers.get_client()
+    assert ray.get(client._load_balancer.require_acquire_fields.remote()) == ["prompt_ids"]
+
+    async def siblings() -> list[Any]:
+        return list(await asyncio.gather(*(client.generate(uuid.uuid4().hex, prompt_ids=[1, 6, 6],
+                                                           sampling_params=dict(GREEDY)) for _ in range(3))))
+
+    outputs = asyncio.run(siblings())
+    assert [o.stop_reason for o in outputs] == ["completed"] * 3
+    assert len({o.extra_fields["group_id"] for o in outputs}) == 1
+
+
 def test_the_backend_needs_server_urls(monkeypatch: pytest.MonkeyPatch) -> None:
     from samrollout_client.verl.settings import URLS_ENV, backend_settings
 
