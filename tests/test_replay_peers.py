@@ -114,3 +114,15 @@ def test_suffix_global_cache_drafts_from_a_finished_response_of_another_request(
     context = np.asarray([3, 40, 41, 42], dtype=np.int32)
     assert cached.step([1], [[40, 41, 42]], [context], 3) == [[43, 44, 45]]
     assert alone.step([1], [[40, 41, 42]], [context], 3) == [[]]
+
+
+@needs_suffix
+def test_suffix_index_takes_tokens_like_step_without_proposing():
+    stepped, indexed = SuffixDrafter(global_cache=True), SuffixDrafter(global_cache=True)
+    context = _context(4)
+    for drafter in (stepped, indexed):
+        drafter.add(0, 0, context[:3])
+    stepped.step([0], [context[3:-1].tolist()], [context[:-1]], 3)
+    indexed.index([0], [context[3:-1].tolist()])
+    last = [[int(context[-1])]]
+    assert stepped.step([0], last, [context], 3) == indexed.step([0], last, [context], 3)

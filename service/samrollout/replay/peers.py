@@ -58,6 +58,9 @@ class NgramDrafter:
     def add(self, seq_id: int, group_id: int, prompt: np.ndarray) -> None:
         """Nothing to index: the search reads the context each step."""
 
+    def index(self, seq_ids: Sequence[int], new_tokens: Sequence[list[int]]) -> None:
+        """Nothing to index (a round where the oracle using this source drafts nothing)."""
+
     def step(
         self, seq_ids: Sequence[int], new_tokens: Sequence[list[int]], contexts: Sequence[np.ndarray], k: int
     ) -> list[list[int]]:
@@ -99,6 +102,12 @@ class SuffixDrafter:
     def add(self, seq_id: int, group_id: int, prompt: np.ndarray) -> None:
         """Build the request's prompt tree (a reused id's cached response is evicted first, as vLLM does)."""
         self.cache.start_request(seq_id, _int32(prompt))
+
+    def index(self, seq_ids: Sequence[int], new_tokens: Sequence[list[int]]) -> None:
+        """Append accepted tokens without speculating (a round where the oracle using this source drafts nothing)."""
+        for seq_id, tokens in zip(seq_ids, new_tokens, strict=True):
+            if len(tokens):
+                self.cache.add_active_response(seq_id, _int32(tokens) if isinstance(tokens, np.ndarray) else tokens)
 
     def step(
         self, seq_ids: Sequence[int], new_tokens: Sequence[list[int]], contexts: Sequence[np.ndarray], k: int

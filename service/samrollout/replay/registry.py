@@ -1,18 +1,60 @@
-"""Drafters the replay command knows by name."""
+"""Drafters the replay command knows by name, the oracle's sources, and how each drafts by default.
+
+"As the engine would" (the replay's default) means:
+
+- ours (``sam``, ``sam-group``, ``sam-ref``) and the oracle: ``SpeculationConfig()``'s k (3) and
+  its static threshold: a round with more than ``threshold`` (8) running rows drafts nothing
+  (samrollout's vLLM proposer, `samrollout.spec_decode.proposer.SamProposer`, still indexes
+  their tokens); the draft policy with ``min_match_length="auto"`` settled as on GPUs and NPUs
+  (1).  The adaptive mode decides from measured step times, which a replay has not got.
+- vLLM's peers at vLLM's defaults, which have no batch-size threshold (they draft in every
+  round): ``suffix`` / ``suffix-cache`` with vLLM's default k for method "suffix",
+  ``suffix_decoding_max_tree_depth`` (24; the draft is further capped by the match length);
+  ``ngram`` has no default k in vLLM (``num_speculative_tokens`` is required), so it gets
+  the engine's k (3).
+
+``--k`` forces one k for every drafter and the oracle; ``--threshold`` changes or removes our gate.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
+from samrollout.config import SpeculationConfig
 from samrollout.drafter import DraftPolicy
 from samrollout.replay.drafters import SamRefDrafter, SamReplayDrafter
 from samrollout.replay.protocol import ReplayDrafter
 
 DEFAULT_DRAFTERS = ("sam", "sam-group", "sam-ref", "ngram", "suffix", "suffix-cache")
+# Ours: these follow the engine's static threshold (the published design, sam-ref, included).
+OURS = ("sam", "sam-group", "sam-ref")
+ORACLE = "oracle"
+# The oracle's own sources: the request's own automaton and its group's (the two a sam-group row picks from).
+OWN_SOURCES = ("own", "group")
+DEFAULT_ORACLE_SOURCES = OWN_SOURCES
+VLLM_SUFFIX_DEFAULT_K = 24  # vLLM: num_speculative_tokens defaults to suffix_decoding_max_tree_depth for "suffix"
+ENGINE = SpeculationConfig()
+
+
+def engine_k(name: str) -> int:
+    """The k the engine (ours) or vLLM (peers) uses for this drafter when none is given."""
+    if name in ("suffix", "suffix-cache"):
+        return VLLM_SUFFIX_DEFAULT_K
+    return ENGINE.k
+
+
+def engine_threshold(name: str) -> int | None:
+    """Most running rows at which this drafter drafts by default (None: every round)."""
+    if name in OURS or name == ORACLE:
+        return ENGINE.threshold if ENGINE.threshold_mode != "off" else None
+    return None
 
 
 def make_drafter(name: str, vocab_size: int, policy: DraftPolicy | None = None) -> ReplayDrafter:
     """Build a drafter by name; raises ValueError for unknown names, RuntimeError if unavailable here."""
+    if name == ORACLE:
+        raise ValueError("the oracle is not a drafter: it is reported on its own (see --oracle-sources)")
     if name == "sam":
         return SamReplayDrafter("sam", vocab_size, policy)
     if name == "sam-group":
@@ -31,6 +73,16 @@ def make_drafter(name: str, vocab_size: int, policy: DraftPolicy | None = None) 
             raise RuntimeError(f"{name}: {reason}")
         return SuffixDrafter(global_cache=name == "suffix-cache")
     raise ValueError(f"unknown drafter {name!r}; known: {', '.join(DEFAULT_DRAFTERS)}")
+
+
+def make_source(name: str, vocab_size: int, policy: DraftPolicy | None = None) -> ReplayDrafter:
+    """One oracle source: "own" (the request's automaton), "group" (its group's), or a drafter by name."""
+    policy = (policy or DraftPolicy()).for_hardware(on_cpu=False)
+    if name == "own":
+        return SamReplayDrafter("own", vocab_size, replace(policy, source="own"))
+    if name == "group":
+        return SamReplayDrafter("group", vocab_size, replace(policy, source="group"), group=True)
+    return make_drafter(name, vocab_size, policy)
 
 
 def factory(name: str, vocab_size: int, policy: DraftPolicy | None = None) -> Callable[[], ReplayDrafter]:

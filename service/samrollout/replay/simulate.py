@@ -8,6 +8,14 @@ rows finish at different times and the last few long ones form the tail.  The ta
 fixed by the traces, not by the drafter: the positions past the round at which, without
 speculation, at most ``tail_rows`` responses would still run.  That is where a
 thresholded engine speculates, so its acceptance is reported on its own.
+
+``threshold`` is the engine's static gate: in a round with more running rows than
+that, the drafter still indexes the new tokens (as the engine's proposer does) but
+its drafts are dropped, so the step yields one token.
+
+An oracle (`samrollout.replay.oracle.SourceOracle`) returns, per row, one candidate
+draft per source; the step takes the candidate with the longest accepted
+prefix, which only a verifier that knows the true continuation can pick.
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from samrollout.replay.oracle import SourceOracle
 from samrollout.replay.protocol import ReplayDrafter
 from samrollout.replay.traces import TraceGroup
 
@@ -42,10 +51,28 @@ class ReplayResult:
     tail_steps: int = 0         # verification steps that started at a tail position
     tail_tokens: int = 0
     tail_rows: int = 16
+    threshold: int | None = None  # drafts only in rounds with at most this many running rows (None: always)
+    drafting_steps: int = 0     # steps in rounds where the gate let the drafter draft
+    # Oracle only: its sources, and per source the steps at which it reached the best accepted length
+    # (ties count for every tied source), the steps at which it alone gave the best (> 0), and the
+    # draft tokens it would have had accepted at the oracle's steps.
+    sources: list[str] = field(default_factory=list)
+    source_best: list[int] = field(default_factory=list)
+    source_only_best: list[int] = field(default_factory=list)
+    source_accepted: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.accepted_by_position = self.accepted_by_position or [0] * self.k
         self.drafted_by_position = self.drafted_by_position or [0] * self.k
+        n = len(self.sources)
+        self.source_best = self.source_best or [0] * n
+        self.source_only_best = self.source_only_best or [0] * n
+        self.source_accepted = self.source_accepted or [0] * n
+
+    @property
+    def is_oracle(self) -> bool:
+        """An oracle's result (best source per step, picked knowing the truth), not a drafter's."""
+        return bool(self.sources)
 
     @property
     def mean_acceptance_length(self) -> float:
@@ -75,9 +102,11 @@ class ReplayResult:
 
     def as_dict(self) -> dict[str, Any]:
         """Plain data for the JSON report."""
-        return {
+        out: dict[str, Any] = {
             "drafter": self.name,
+            "oracle": self.is_oracle,
             "k": self.k,
+            "drafts_at_most_running": self.threshold,
             "mean_acceptance_length": self.mean_acceptance_length,
             "tail_mean_acceptance_length": self.tail_mean_acceptance_length,
             "tail_rows": self.tail_rows,
@@ -87,6 +116,7 @@ class ReplayResult:
             "us_per_step": self.us_per_step,
             "us_per_token": self.us_per_token,
             "steps": self.steps,
+            "drafting_steps": self.drafting_steps,
             "tokens": self.tokens,
             "drafted": self.drafted,
             "accepted": self.accepted,
@@ -94,14 +124,37 @@ class ReplayResult:
                 a / d if d else 0.0 for a, d in zip(self.accepted_by_position, self.drafted_by_position, strict=True)
             ],
         }
+        if self.is_oracle:
+            out["sources"] = {
+                name: {"best_steps": best, "only_best_steps": only, "accepted": accepted}
+                for name, best, only, accepted in zip(self.sources, self.source_best, self.source_only_best,
+                                                      self.source_accepted, strict=True)
+            }
+        return out
 
 
-def replay(drafter: ReplayDrafter, groups: list[TraceGroup], k: int, tail_rows: int = 16) -> ReplayResult:
-    """Replay every response through ``drafter`` as one rollout and count what a greedy verifier accepts."""
-    result = ReplayResult(drafter.name, k, tail_rows=tail_rows)
+def _accepted_length(draft: Sequence[int], truth: list[int], pos: int, k: int) -> int:
+    """How many leading draft tokens (at most k) equal the recorded continuation at ``pos``."""
+    n = 0
+    for token in draft[:k]:
+        if pos + n >= len(truth) or int(token) != truth[pos + n]:
+            break
+        n += 1
+    return n
+
+
+def replay(drafter: ReplayDrafter | SourceOracle, groups: list[TraceGroup], k: int, tail_rows: int = 16,
+           threshold: int | None = None) -> ReplayResult:
+    """Replay every response through ``drafter`` as one rollout and count what a greedy verifier accepts.
+
+    ``threshold``: draft only in rounds where at most this many rows run (the engine's static
+    gate; None drafts in every round).
+    """
+    sources = list(drafter.sources) if isinstance(drafter, SourceOracle) else []
+    result = ReplayResult(drafter.name, k, tail_rows=tail_rows, threshold=threshold, sources=sources)
     full: dict[int, np.ndarray] = {}
     prompt_length: dict[int, int] = {}
-    responses: dict[int, np.ndarray] = {}
+    truth: dict[int, list[int]] = {}
     position: dict[int, int] = {}
     pending: dict[int, list[int]] = {}
     for group_index, group in enumerate(groups):
@@ -115,28 +168,44 @@ def replay(drafter: ReplayDrafter, groups: list[TraceGroup], k: int, tail_rows: 
             result.indexed_tokens += len(group.prompt)
             full[seq_id] = np.concatenate([group.prompt, response])
             prompt_length[seq_id] = len(group.prompt)
-            responses[seq_id] = response
+            truth[seq_id] = response.tolist()
             position[seq_id] = 1
-            pending[seq_id] = response[:1].tolist()
+            pending[seq_id] = truth[seq_id][:1]
     # The first position at which at most tail_rows responses are still unfinished.
-    lengths = sorted((len(r) for r in responses.values()), reverse=True)
+    lengths = sorted((len(r) for r in truth.values()), reverse=True)
     tail_start = lengths[tail_rows] if len(lengths) > tail_rows else 0
     while position:
         ids = list(position)
         contexts = [full[i][: prompt_length[i] + position[i]] for i in ids]
         new = [pending[i] for i in ids]
+        gated = threshold is not None and len(ids) > threshold
         start = time.perf_counter()
-        drafts = drafter.step(ids, new, contexts, k)
+        drafts: list[Any]
+        if gated and isinstance(drafter, SourceOracle):
+            drafter.index(ids, new, contexts, k)  # its drafts would be dropped: only keep the sources current
+            drafts = [[] for _ in ids]
+        else:
+            drafts = drafter.step(ids, new, contexts, k)
         result.step_seconds += time.perf_counter() - start
         result.row_steps += len(ids)
         result.indexed_tokens += sum(len(t) for t in new)
+        if not gated:
+            result.drafting_steps += len(ids)
         for seq_id, draft in zip(ids, drafts, strict=True):
-            before, in_tail = result.tokens, position[seq_id] >= tail_start
-            verify_step(result, seq_id, draft, responses, position, pending)
-            if in_tail:
+            pos = position[seq_id]
+            if gated:
+                draft = []
+            elif sources:
+                draft = _best_candidate(result, draft, truth[seq_id], pos, k)
+            before = result.tokens
+            _verify(result, draft, truth[seq_id], pos, k)
+            if pos >= tail_start:
                 result.tail_steps += 1
                 result.tail_tokens += result.tokens - before
-        for seq_id in [i for i in ids if position[i] >= len(responses[i])]:
+            advance = result.tokens - before
+            pending[seq_id] = truth[seq_id][pos: pos + advance]
+            position[seq_id] = pos + advance
+        for seq_id in [i for i in ids if position[i] >= len(truth[i])]:
             start = time.perf_counter()
             drafter.remove(seq_id)
             result.lifecycle_seconds += time.perf_counter() - start
@@ -144,21 +213,43 @@ def replay(drafter: ReplayDrafter, groups: list[TraceGroup], k: int, tail_rows: 
     return result
 
 
-def verify_step(result: ReplayResult, seq_id: int, proposed: Sequence[int] | np.ndarray,
-                responses: dict[int, np.ndarray], position: dict[int, int], pending: dict[int, list[int]]) -> None:
-    """Verify one row's draft (cut to k) against the recorded response and advance the row."""
-    draft = np.asarray(proposed, dtype=np.int64)[: result.k]
-    response, pos = responses[seq_id], position[seq_id]
-    truth = response[pos: pos + len(draft)]
-    matches = draft[: len(truth)] == truth
-    accepted = int(np.argmin(matches)) if not matches.all() else len(truth)
-    advance = min(accepted + 1, len(response) - pos)
+def _best_candidate(result: ReplayResult, candidates: Sequence[Sequence[int]], truth: list[int], pos: int,
+                    k: int) -> Sequence[int]:
+    """The oracle's pick: the candidate with the longest accepted prefix (of those, the shortest draft)."""
+    lengths = [_accepted_length(c, truth, pos, k) for c in candidates]
+    best = max(lengths, default=0)
+    winners = [i for i, n in enumerate(lengths) if n == best]
+    for i, n in enumerate(lengths):
+        result.source_accepted[i] += n
+    if best > 0:
+        for i in winners:
+            result.source_best[i] += 1
+        if len(winners) == 1:
+            result.source_only_best[winners[0]] += 1
+    return min((candidates[i] for i in winners), key=len)
+
+
+def _verify(result: ReplayResult, proposed: Sequence[int], truth: list[int], pos: int, k: int) -> None:
+    """Count one verification step of ``proposed`` (cut to k) at ``pos`` of the recorded response."""
+    draft = proposed[:k]
+    accepted = _accepted_length(draft, truth, pos, k)
     result.steps += 1
-    result.tokens += advance
+    result.tokens += min(accepted + 1, len(truth) - pos)
     result.drafted += len(draft)
     result.accepted += accepted
     for i in range(len(draft)):
         result.drafted_by_position[i] += 1
-        result.accepted_by_position[i] += int(i < accepted)
-    pending[seq_id] = response[pos: pos + advance].tolist()  # engines hand drafters lists
+        if i < accepted:
+            result.accepted_by_position[i] += 1
+
+
+def verify_step(result: ReplayResult, seq_id: int, proposed: Sequence[int] | np.ndarray,
+                responses: dict[int, np.ndarray], position: dict[int, int], pending: dict[int, list[int]]) -> None:
+    """Verify one row's draft (cut to k) against the recorded response and advance the row."""
+    response, pos = responses[seq_id], position[seq_id]
+    truth = response.tolist() if isinstance(response, np.ndarray) else list(response)
+    before = result.tokens
+    _verify(result, list(proposed), truth, pos, result.k)
+    advance = result.tokens - before
+    pending[seq_id] = truth[pos: pos + advance]  # engines hand drafters lists
     position[seq_id] = pos + advance
