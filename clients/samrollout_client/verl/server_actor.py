@@ -64,11 +64,6 @@ class SamrolloutServer:
         self.budget = LengthBudget(self.prompt_length, self.response_length,
                                    int(first.get("max_model_len") or self.prompt_length + self.response_length))
         self.weight_version = (await self._call("GET", "/health")).get("weight_version")
-        parts = urlsplit(self.url)
-        return parts.netloc
-
-    def get_server_address(self) -> str:
-        """The server's ``host:port``."""
         return urlsplit(self.url).netloc
 
     async def generate(self, prompt_ids: list[int], sampling_params: dict[str, Any], request_id: str,

@@ -33,11 +33,6 @@ def vllm_has_batch_size_schedule() -> bool:
     return not hasattr(VllmConfig, "_maybe_disable_dynamic_sd_for_v1")
 
 
-def threshold_schedule(k: int, threshold: int) -> list[list[int]]:
-    """The published rule as a schedule: k drafts at 1..threshold requests, none above."""
-    return range_schedule(((threshold, k),))
-
-
 def range_schedule(draft_range: tuple[tuple[int, int], ...]) -> list[list[int]]:
     """A draft range ((up_to_running, k), ...) as vLLM's inclusive (first, last, k) ranges, none past the last."""
     schedule, first = [], 1
