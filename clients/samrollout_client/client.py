@@ -25,7 +25,13 @@ from typing import Any, Literal
 import httpx
 
 from samrollout_client.endpoints import Endpoint, EndpointPool
-from samrollout_client.errors import NoEndpointAvailable, RequestRejected, RolloutFailed, SamrolloutError
+from samrollout_client.errors import (
+    NoEndpointAvailable,
+    RequestRejected,
+    RolloutFailed,
+    SamrolloutError,
+    error_message,
+)
 from samrollout_client.placement import PLACEMENTS, LengthHistory, Placement, place_by_predicted_work
 from samrollout_client.progress import RolloutProgress
 from samrollout_client.report import combine_summaries
@@ -195,7 +201,7 @@ class AsyncRolloutClient:
         if reply.status_code >= 500:
             raise _Retryable(f"{endpoint.url} answered {reply.status_code}: {reply.text[:200]}")
         if reply.status_code >= 400:
-            raise RequestRejected(endpoint.url, reply.status_code, _error_message(reply))
+            raise RequestRejected(endpoint.url, reply.status_code, error_message(reply))
         result: dict[str, Any] = reply.json()
         return result
 
@@ -271,7 +277,7 @@ class AsyncRolloutClient:
             raise SamrolloutError(f"{endpoint.url}: sending {file.name} failed: {type(error).__name__}: {error}") \
                 from None
         if reply.status_code >= 400:
-            raise RequestRejected(endpoint.url, reply.status_code, _error_message(reply))
+            raise RequestRejected(endpoint.url, reply.status_code, error_message(reply))
 
     async def _cancel_upload(self, endpoint: Endpoint, upload_id: str) -> None:
         """Cancel an upload (best effort: one that expired or was committed is gone anyway)."""
@@ -351,13 +357,6 @@ def _raise_failures(what: str, endpoints: Sequence[Endpoint], replies: Sequence[
         raise failed[0][1]
     details = "; ".join(f"{e.url}: {r}" for e, r in failed)
     raise SamrolloutError(f"{what} failed on {len(failed)} endpoint(s): {details}")
-
-
-def _error_message(reply: httpx.Response) -> str:
-    try:
-        return str(reply.json()["error"]["message"])
-    except (ValueError, KeyError, TypeError):
-        return reply.text[:200]
 
 
 def _to_sample(reply: dict[str, Any], endpoint: str, attempts: int) -> Sample:

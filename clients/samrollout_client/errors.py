@@ -5,7 +5,17 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    import httpx
+
     from samrollout_client.types import GroupResult, SampleFailure
+
+
+def error_message(reply: httpx.Response, limit: int = 200) -> str:
+    """The message of a server's OpenAI-style error reply, or the start of its body when it has none."""
+    try:
+        return str(reply.json()["error"]["message"])
+    except (ValueError, KeyError, TypeError):
+        return reply.text[:limit]
 
 
 class SamrolloutError(Exception):

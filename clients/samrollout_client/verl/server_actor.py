@@ -26,6 +26,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from samrollout_client.errors import error_message
 from samrollout_client.verl.sampling import LengthBudget, completion_body, global_steps, reply_fields
 from samrollout_client.verl.settings import VerlBackendSettings
 
@@ -169,10 +170,6 @@ class SamrolloutServer:
         except httpx.HTTPError as error:
             raise ServerCallError(f"{self.url}{path}: {type(error).__name__}: {error}") from None
         if reply.status_code >= 400:
-            try:
-                message = reply.json()["error"]["message"]
-            except (ValueError, KeyError, TypeError):
-                message = reply.text[:300]
-            raise ServerCallError(f"{self.url}{path} answered {reply.status_code}: {message}")
+            raise ServerCallError(f"{self.url}{path} answered {reply.status_code}: {error_message(reply, 300)}")
         result: dict[str, Any] = reply.json() if reply.content else {}
         return result
