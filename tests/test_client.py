@@ -14,7 +14,7 @@ import httpx
 import pytest
 from pydantic import ValidationError
 
-from conftest import API_KEY, TINY_SERVER_MEMORY
+from conftest import API_KEY, TINY_SERVER_MEMORY, admin_status
 from samrollout_client import AsyncRolloutClient, RolloutClient, RolloutFailed, Sampling
 from server_process import ServerProcess, start_server
 
@@ -116,17 +116,14 @@ def test_predicted_work_places_the_longest_group_first_on_the_least_loaded_endpo
         AsyncRolloutClient("http://127.0.0.1:1", model="m", placement="random")  # type: ignore[arg-type]
 
 
-def _kill_once_generating(server: ServerProcess, timeout: float = 120.0) -> None:
-    """SIGKILL ``server`` as soon as its engine runs requests (a crash mid-rollout, whatever the machine's speed)."""
+def _kill_once_holding(server: ServerProcess, timeout: float = 120.0) -> None:
+    """SIGKILL ``server`` once it holds requests of the rollout (a crash mid-rollout, whatever the machine's speed).
+
+    The server is paused ("keep"), so what reached it cannot finish before the kill.
+    """
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        try:
-            text = httpx.get(f"{server.url}/metrics", timeout=5).text
-        except httpx.HTTPError:
-            break
-        running = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                   if line.startswith("vllm:num_requests_running")]
-        if running and running[0] > 0:
+        if admin_status(server)["in_flight_requests"] >= 1:
             break
         time.sleep(0.02)
     server.kill()
@@ -136,9 +133,12 @@ def test_a_server_killed_mid_rollout_has_its_samples_retried_elsewhere(tiny_serv
                                                                        tmp_path: Path) -> None:
     doomed = start_server(tiny_args(tiny_dir), tmp_path / "doomed.log")
     try:
+        paused = httpx.post(f"{doomed.url}/admin/pause", json={"mode": "keep"},
+                            headers={"Authorization": f"Bearer {API_KEY}"}, timeout=30)
+        assert paused.status_code == 200, paused.text
         with RolloutClient([tiny_server.url, doomed.url], model="tiny", api_key=API_KEY, max_in_flight=32,
                            backoff_s=0.2) as client:
-            killer = threading.Thread(target=_kill_once_generating, args=(doomed,))
+            killer = threading.Thread(target=_kill_once_holding, args=(doomed,))
             killer.start()
             groups = client.generate([f"survive {i}" for i in range(8)], n=4,
                                      sampling=Sampling(max_tokens=300, temperature=0, extra={"ignore_eos": True}),

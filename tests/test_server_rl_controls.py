@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -70,7 +71,9 @@ def test_abort_rollout_stops_that_rollout_and_no_other(tiny_server: ServerProces
                     reply = await client.get(f"/v1/rollouts/{rollout}")
                     return int(reply.json()["in_flight"]) if reply.status_code == 200 else 0
 
+                deadline = time.monotonic() + 60
                 while await in_flight("doomed") < 4 or await in_flight("kept") < 1:
+                    assert time.monotonic() < deadline, "the five requests never reached the server"
                     await asyncio.sleep(0.05)
                 abort = await client.post("/admin/abort_rollout", json={"rollout_id": "doomed"})
             finally:
@@ -113,21 +116,22 @@ def test_client_disconnect_mid_stream_aborts_its_engine_request(tiny_server: Ser
 
 def test_pause_with_abort_counts_the_requests_it_ends_as_aborted(tiny_server: ServerProcess) -> None:
     aborted_before = finished_as_aborted(tiny_server)
+    body = completion("cut short", 480, rollout_id="paused-away", stream=True, temperature=0)
 
-    async def scenario() -> httpx.Response:
-        async with httpx.AsyncClient(base_url=tiny_server.url, headers=AUTH, timeout=300) as client:
-            task = asyncio.create_task(client.post("/v1/completions", json=completion("cut short", 480,
-                                                                                       rollout_id="paused-away")))
-            while (await client.get("/v1/rollouts/paused-away")).status_code != 200:
-                await asyncio.sleep(0.05)
-            while await asyncio.to_thread(running_in_engine, tiny_server) < 1:  # scheduled: vLLM counts its abort
-                await asyncio.sleep(0.05)
+    async def scenario() -> list[str | None]:
+        async with httpx.AsyncClient(base_url=tiny_server.url, headers=AUTH, timeout=300) as client, \
+                client.stream("POST", "/v1/completions", json=body) as reply:
+            chunks = reply.aiter_lines()
+            async for line in chunks:  # a first token: the request runs in the engine, however fast
+                if line.startswith("data: "):
+                    break
             assert (await client.post("/admin/pause", json={"mode": "abort"})).status_code == 200
             await client.post("/admin/resume")
-            return await task
+            return [json.loads(line[6:])["choices"][0]["finish_reason"] async for line in chunks
+                    if line.startswith("data: {")]
 
-    reply = asyncio.run(scenario())
-    assert reply.status_code == 200 and reply.json()["choices"][0]["finish_reason"] == "abort"
+    reasons = asyncio.run(asyncio.wait_for(scenario(), timeout=120))
+    assert [r for r in reasons if r is not None] == ["abort"]
     wait_until_idle(tiny_server)
     assert finished_as_aborted(tiny_server) >= aborted_before + 1
 

@@ -15,6 +15,7 @@ import asyncio
 import math
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -144,7 +145,9 @@ def test_abort_all_requests_ends_running_responses_and_holds_new_ones_until_resu
 
     async def scenario() -> tuple[list[Any], bool, Any]:
         running = [asyncio.create_task(generate(verl_run, [1, 2, 3 + i], long)) for i in range(4)]
+        deadline = time.monotonic() + 60
         while admin_status(verl_server)["in_flight_requests"] < 4:
+            assert time.monotonic() < deadline, "the four responses never reached the server"
             await asyncio.sleep(0.1)
         await asyncio.gather(*(r.abort_all_requests() for r in replicas))
         aborted = await asyncio.gather(*running)
