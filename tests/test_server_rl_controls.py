@@ -116,7 +116,9 @@ def test_client_disconnect_mid_stream_aborts_its_engine_request(tiny_server: Ser
 
 def test_pause_with_abort_counts_the_requests_it_ends_as_aborted(tiny_server: ServerProcess) -> None:
     aborted_before = finished_as_aborted(tiny_server)
-    body = completion("cut short", 480, rollout_id="paused-away", stream=True, temperature=0)
+    # Sampled: on CPU only greedy requests draft, so its 480 tokens take 480 engine steps and cannot all
+    # be out before the pause that follows its first streamed chunk, however late that chunk arrives.
+    body = completion("cut short", 480, rollout_id="paused-away", stream=True, temperature=1.0, seed=7)
 
     async def scenario() -> list[str | None]:
         async with httpx.AsyncClient(base_url=tiny_server.url, headers=AUTH, timeout=300) as client, \

@@ -141,7 +141,9 @@ def test_logprobs_returned_to_verl_are_the_models_own(verl_run: dict[str, Any], 
 def test_abort_all_requests_ends_running_responses_and_holds_new_ones_until_resume(
         verl_run: dict[str, Any], verl_server: ServerProcess) -> None:
     replicas = verl_run["servers"].get_replicas()
-    long = {**GREEDY, "max_tokens": 400, "ignore_eos": True}
+    # Sampled: on CPU only greedy requests draft, so each response takes its 400 engine steps and all four
+    # are surely in flight together before the abort.
+    long = {**GREEDY, "temperature": 1.0, "max_tokens": 400, "ignore_eos": True}
 
     async def scenario() -> tuple[list[Any], bool, Any]:
         running = [asyncio.create_task(generate(verl_run, [1, 2, 3 + i], long)) for i in range(4)]

@@ -152,14 +152,14 @@ def check_engine_config(model_dir: str) -> dict[str, Any]:
     """
     from vllm.config import SpeculativeConfig
 
-    from samrollout.spec_decode.schedule import SCHEDULE_FIELD, threshold_schedule, vllm_has_batch_size_schedule
+    from samrollout.spec_decode.schedule import SCHEDULE_FIELD, range_schedule, vllm_has_batch_size_schedule
 
     engine_args, config = _engine_config(model_dir)
     spec = config.speculative_config
     kept = None
     if SCHEDULE_FIELD in SpeculativeConfig.__dataclass_fields__:
         passed = {"method": "custom_class", "model": spec.model, "num_speculative_tokens": 3,
-                  SCHEDULE_FIELD: threshold_schedule(3, 8)}
+                  SCHEDULE_FIELD: range_schedule(((8, 3),))}
         kept = getattr(_engine_config(model_dir, passed)[1].speculative_config, SCHEDULE_FIELD)
     return {"method": spec.method, "num_speculative_tokens": spec.num_speculative_tokens,
             "schedule": getattr(spec, SCHEDULE_FIELD, None), "passes_schedule": vllm_has_batch_size_schedule(),
