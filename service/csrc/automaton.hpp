@@ -77,6 +77,9 @@ class Automaton {
 
   const Match& match(int32_t sid) const { return members_[sid - 1].match; }
 
+  // Member `sid`'s response so far (its string without the prompt).
+  const std::vector<int32_t>& response(int32_t sid) const { return members_[sid - 1].tokens; }
+
   // Number of tokens member `sid`'s string holds (prompt included).
   std::size_t length(int32_t sid) const {
     return prompt_.size() + members_[sid - 1].tokens.size();

@@ -181,6 +181,26 @@ NB_MODULE(_sam_core, m) {
             d.remove_request(request);
           },
           "request"_a)
+      .def(
+          "add_to_group",
+          [](Drafter& d, int64_t group, TokenArray tokens) {
+            nb::gil_scoped_release release;
+            return d.add_to_group(group, tokens.data(), tokens.shape(0));
+          },
+          "group"_a, "tokens"_a.noconvert())
+      .def(
+          "response",
+          [](const Drafter& d, int64_t request) {
+            std::vector<int32_t> tokens;
+            {
+              nb::gil_scoped_release release;
+              tokens = d.response(request);
+            }
+            auto* data = new std::vector<int32_t>(std::move(tokens));
+            nb::capsule owner(data, [](void* p) noexcept { delete static_cast<std::vector<int32_t>*>(p); });
+            return nb::ndarray<nb::numpy, int32_t, nb::ndim<1>>(data->data(), {data->size()}, owner);
+          },
+          "request"_a)
       .def("has_request", &Drafter::has_request, "request"_a)
       .def(
           "info",

@@ -213,6 +213,30 @@ void Drafter::remove_request(int64_t request) {
   }
 }
 
+bool Drafter::add_to_group(int64_t group, const int32_t* tokens, std::size_t count) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = groups_.find(group);
+  if (it == groups_.end()) throw std::out_of_range("unknown group id " + std::to_string(group));
+  check_tokens(tokens, count);
+  Group& g = it->second;
+  if (g.overflow || g.tokens + static_cast<int64_t>(count) > policy_.max_group_tokens) return false;
+  g.tokens += static_cast<int64_t>(count);
+  const int32_t sid = g.automaton->add_member();
+  for (std::size_t i = 0; i < count; ++i) g.automaton->append(sid, tokens[i]);
+  return true;
+}
+
+std::vector<int32_t> Drafter::response(int64_t request) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const Request& r = find(request);
+  if (r.own && !r.own_overflow) return r.own->response(1);
+  if (r.group >= 0) {
+    const Group& g = groups_.at(r.group);
+    if (!g.overflow) return g.automaton->response(r.group_sid);
+  }
+  return {};
+}
+
 bool Drafter::has_request(int64_t request) const {
   std::lock_guard<std::mutex> lock(mutex_);
   return requests_.count(request) != 0;

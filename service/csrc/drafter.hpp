@@ -54,6 +54,13 @@ class Drafter {
   void step(const int64_t* requests, std::size_t rows, const int32_t* tokens,
             const int64_t* offsets, int32_t k, int32_t* drafts, int32_t* lengths);
   void remove_request(int64_t request);
+  // Indexes a finished response to the group's prompt (an earlier rollout's) as one more
+  // string of the live group `group`; siblings draft from it from their next token on.
+  // Returns false, changing nothing, when it would take the group past max_group_tokens
+  // or the group's automaton is gone (overflowed).
+  bool add_to_group(int64_t group, const int32_t* tokens, std::size_t count);
+  // The request's response so far (empty when every automaton holding it overflowed).
+  std::vector<int32_t> response(int64_t request) const;
 
   bool has_request(int64_t request) const;
   RequestInfo info(int64_t request) const;

@@ -49,6 +49,12 @@ class SpeculationConfig:
       memory-bound: on an H100 (qwen3-8b, up to 16 running) verifying 8 drafts costs 1.10-1.15
       plain steps against 1.04-1.09 for 3, while on the 2-core CPU it costs 1.3-1.9x what 3
       does at 1-16 running (``bench/results/verify-cost-*.json``); see `default_draft_range`.
+    - ``history_tokens`` / ``history_responses``: cross-epoch history (`samrollout.history`):
+      responses of earlier rollouts to the same prompt token ids join the group automaton of
+      a later rollout's responses to it, at most ``history_responses`` (the newest) per prompt
+      and ``history_tokens`` response tokens in all (LRU; 0 turns it off).  Kept across weight
+      updates: they are only drafts.  With it on, requests without a group id are grouped by
+      their prompt token ids.
     """
 
     k: int = 3
@@ -58,6 +64,8 @@ class SpeculationConfig:
     sampled_requests: SampledMode = "auto"
     policy: DraftPolicy = field(default_factory=DraftPolicy)
     draft_range: tuple[tuple[int, int], ...] | None = None
+    history_tokens: int = 1 << 22
+    history_responses: int = 4
 
     def __post_init__(self) -> None:
         if isinstance(self.k, bool) or not isinstance(self.k, int) or not 1 <= self.k <= 16:
@@ -72,6 +80,10 @@ class SpeculationConfig:
             raise ValueError(f"group_drafting must be true or false, got {self.group_drafting!r}")
         if self.draft_range is not None:
             object.__setattr__(self, "draft_range", checked_draft_range(self.draft_range))
+        for name, low in (("history_tokens", 0), ("history_responses", 1)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= 1 << 30:
+                raise ValueError(f"{name} must be an integer between {low} and 2**30, got {value!r}")
 
     def effective_range(self) -> tuple[tuple[int, int], ...]:
         """The draft length by batch size in force: ``draft_range``, or k up to the threshold."""
@@ -92,7 +104,8 @@ class SpeculationConfig:
         """Rebuild from `to_json` output; unknown keys are an error, not silently dropped."""
         data = dict(data)
         policy = DraftPolicy.from_dict(data.pop("policy", {}))
-        known = {"k", "threshold_mode", "threshold", "group_drafting", "sampled_requests", "draft_range"}
+        known = {"k", "threshold_mode", "threshold", "group_drafting", "sampled_requests", "draft_range",
+                 "history_tokens", "history_responses"}
         unknown = set(data) - known
         if unknown:
             raise ValueError(f"unknown speculation settings: {sorted(unknown)}")

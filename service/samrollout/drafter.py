@@ -159,6 +159,18 @@ class SamDrafter:
             else:
                 self._groups[group] = (group_handle, members - 1)
 
+    def add_to_group(self, group: Hashable, response: Sequence[int] | npt.NDArray[Any]) -> bool:
+        """Index a finished response to the live ``group``'s prompt (from an earlier rollout) as one more
+        string siblings draft from.  False (nothing indexed) when it would exceed ``max_group_tokens``."""
+        if group not in self._groups:
+            raise KeyError(f"unknown group {group!r}: history joins a group while it has a live member")
+        return bool(self._core.add_to_group(self._groups[group][0], as_token_array(response, "response")))
+
+    def response(self, request_id: Hashable) -> Int32Array:
+        """The request's response so far, as indexed (empty when its automata overflowed)."""
+        tokens: Int32Array = self._core.response(self._handle(request_id))
+        return tokens
+
     # -- tokens and drafts -----------------------------------------------------------
     def append(self, request_id: Hashable, tokens: Sequence[int] | npt.NDArray[Any]) -> None:
         """Index tokens the request generated (accepted drafts and the bonus token)."""
@@ -214,6 +226,10 @@ class SamDrafter:
     def memory_bytes(self) -> int:
         """Bytes held by all automata (tokens, states, transitions)."""
         return int(self._core.memory_bytes())
+
+    def has_group(self, group: Hashable) -> bool:
+        """Whether ``group`` has a live member (its automaton exists)."""
+        return group in self._groups
 
     def __contains__(self, request_id: object) -> bool:
         return request_id in self._handles

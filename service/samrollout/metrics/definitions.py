@@ -39,6 +39,8 @@ SPECULATION_ACTIVE = Gauge(f"{P}speculation_active", "1 if the last engine step 
 SPECULATION_THRESHOLD = Gauge(f"{P}speculation_threshold", "Running requests at or below which drafting runs")
 SPECULATION_K = Gauge(f"{P}speculation_k", "Draft tokens per step (k)")
 DRAFTER_ACTIVE_REQUESTS = Gauge(f"{P}drafter_active_requests", "Requests whose automata the drafter holds")
+DRAFTER_HISTORY_TOKENS = Gauge(f"{P}drafter_history_tokens",
+                               "Response tokens of earlier rollouts kept as drafting text (cross-epoch history)")
 
 # Serving, from vLLM's SchedulerStats and IterationStats.
 REQUESTS_RUNNING = Gauge(f"{P}requests_running", "Requests the engine is running")

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from prometheus_client.core import REGISTRY, HistogramMetricFamily
+from prometheus_client.core import REGISTRY, CounterMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
 from samrollout.metrics import definitions as m
@@ -34,9 +34,16 @@ class DrafterCollector(Collector):
         m.SPECULATION_THRESHOLD.set(stats.get("threshold", 0))
         m.SPECULATION_K.set(stats.get("k", 0))
         m.DRAFTER_ACTIVE_REQUESTS.set(stats.get("active_requests", 0))
+        m.DRAFTER_HISTORY_TOKENS.set((stats.get("history") or {}).get("tokens", 0))
 
-    def collect(self) -> Iterator[HistogramMetricFamily]:
-        """The histogram, cumulative over the proposer's bucket counts (nothing before the first snapshot)."""
+    def collect(self) -> Iterator[HistogramMetricFamily | CounterMetricFamily]:
+        """The histogram, cumulative over the proposer's bucket counts (nothing before the first snapshot),
+        and the count of earlier responses that joined group automata (with the history on)."""
+        history = self.snapshot.get("history")
+        if history:
+            yield CounterMetricFamily(f"{m.P}drafter_history_joined_responses",
+                                      "Earlier rollouts' responses that joined a later group's automaton",
+                                      value=history.get("joined_responses", 0))
         counts = self.snapshot.get("step_seconds_counts")
         if not counts:
             return

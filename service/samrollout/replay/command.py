@@ -16,6 +16,8 @@ import sys
 import time
 from typing import Any
 
+import numpy as np
+
 from samrollout.drafter import DraftPolicy
 from samrollout.replay import long_context, report
 from samrollout.replay.oracle import SourceOracle
@@ -77,6 +79,11 @@ def add_replay_parser(commands: Any) -> None:
                    help=f"our drafters and the oracle draft only in rounds with at most this many running "
                         f"responses; 'off': every round (default 'engine': the engine's static threshold, "
                         f"{engine_threshold('sam')}). vLLM's peers draft in every round, as vLLM does")
+    p.add_argument("--history", type=int, default=0, metavar="N",
+                   help="an earlier rollout: each group's first N responses (after the filters; file order, e.g. "
+                        "earlier checkpoints) are not replayed but given first to drafters that keep responses "
+                        "across rollouts (sam-history, suffix-cache's global tree); groups with no response left "
+                        "are dropped. With N > 0 the default drafters include sam-history (default 0)")
     p.add_argument("--max-groups", type=int, help="replay only the first N prompt groups of each file")
     p.add_argument("--tail-rows", type=int, default=ENGINE.threshold,
                    help=f"the tail: positions where, without speculation, at most this many responses still run "
@@ -143,6 +150,11 @@ def run(args: argparse.Namespace) -> int:
     print tables, write JSON and plot."""
     paths = split_paths(args.traces) or [DEFAULT_TRACES]
     drafters = _names(args.drafters)
+    if args.history < 0:
+        print("samrollout replay: --history must be >= 0", file=sys.stderr)
+        return 2
+    if args.history and args.drafters == ",".join(DEFAULT_DRAFTERS):
+        drafters.insert(drafters.index("sam-group") + 1, "sam-history")
     oracles = [names for names in map(_names, args.oracle_sources or [",".join(DEFAULT_ORACLE_SOURCES)]) if names]
     filters: list[ResponseFilter] = ["clean", "all"] if args.responses == "both" else [args.responses]
     try:
@@ -165,7 +177,7 @@ def run(args: argparse.Namespace) -> int:
     for path, all_groups in files.items():
         vocab = vocab_size(all_groups)
         for which in filters:
-            groups = select(all_groups, which, where)
+            groups, earlier = split_history(select(all_groups, which, where), args.history)
             total = sum(len(g.responses) for g in all_groups)
             run_ = report.ReplayRun(path, which, len(groups), sum(len(g.responses) for g in groups),
                                     _count_tokens(groups), sum(1 for g in groups if len(g.responses) == 1))
@@ -173,6 +185,10 @@ def run(args: argparse.Namespace) -> int:
                       f"{run_.responses_count} of {total} responses in {len(groups)} of {len(all_groups)} groups, "
                       f"{run_.response_tokens} response tokens")
             print(f"\n{header}")
+            if args.history:
+                run_.note = (f"--history {args.history}: {sum(len(e) for e in earlier)} earlier responses "
+                             f"given first, not replayed")
+                print(f"   ({run_.note})")
             if args.max_groups is not None:
                 run_.note = f"--max-groups {args.max_groups}: the first {len(all_groups)} groups of the file"
                 print(f"   ({run_.note})")
@@ -195,7 +211,8 @@ def run(args: argparse.Namespace) -> int:
                     print(f"samrollout replay: {error}", file=sys.stderr)
                     return 2
                 start = time.perf_counter()
-                run_.results.append(replay(drafter, groups, k_of[name], args.tail_rows, threshold_of[name]))
+                run_.results.append(replay(drafter, groups, k_of[name], args.tail_rows, threshold_of[name],
+                                           earlier))
                 run_.seconds[name] = time.perf_counter() - start
             for sources in oracles:
                 try:
@@ -204,7 +221,8 @@ def run(args: argparse.Namespace) -> int:
                     print(f"samrollout replay: oracle source {error}", file=sys.stderr)
                     return 2
                 start = time.perf_counter()
-                run_.results.append(replay(oracle, groups, k_of[ORACLE], args.tail_rows, threshold_of[ORACLE]))
+                run_.results.append(replay(oracle, groups, k_of[ORACLE], args.tail_rows, threshold_of[ORACLE],
+                                           earlier))
                 run_.seconds[oracle.name] = time.perf_counter() - start
             print(report.format_table(run_.results))
             runs.append(run_)
@@ -227,6 +245,16 @@ def run(args: argparse.Namespace) -> int:
     if args.plot and any(run_.results for run_ in runs):
         report.write_plot(args.plot, [r for r in runs if r.results], costs, plot_title(args.k, threshold_of[ORACLE]))
     return 0
+
+
+def split_history(groups: list[TraceGroup], count: int) -> tuple[list[TraceGroup], list[list[np.ndarray]]]:
+    """Each group's first ``count`` responses become an earlier rollout's; groups left empty are dropped.
+    Returns (the groups to replay, their earlier responses, index for index)."""
+    if count == 0:
+        return groups, [[] for _ in groups]
+    kept = [g for g in groups if len(g.responses) > count]
+    return ([TraceGroup(g.key, g.prompt, g.responses[count:], g.meta[count:]) for g in kept],
+            [g.responses[:count] for g in kept])
 
 
 def plot_title(k: int | None, threshold: int | None) -> str:

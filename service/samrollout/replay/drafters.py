@@ -7,19 +7,40 @@ from collections.abc import Sequence
 import numpy as np
 
 from samrollout.drafter import DraftPolicy, SamDrafter
+from samrollout.history import ResponseHistory, prompt_key
 
 
 class SamReplayDrafter:
-    """The native drafter; with ``group=True`` siblings of a prompt share a group automaton."""
+    """The native drafter; with ``group=True`` siblings of a prompt share a group automaton, and with a
+    ``history`` earlier rollouts' responses to the prompt join the group (as the engine's proposer does)."""
 
-    def __init__(self, name: str, vocab_size: int, policy: DraftPolicy | None = None, group: bool = False) -> None:
+    def __init__(self, name: str, vocab_size: int, policy: DraftPolicy | None = None, group: bool = False,
+                 history: ResponseHistory | None = None) -> None:
+        if history is not None and not group:
+            raise ValueError("history joins group automata: it needs group=True")
         self.name = name
         self.group = group
+        self.history = history
         self.drafter = SamDrafter(vocab_size, policy)
+        self._keys: dict[int, bytes] = {}
 
     def add(self, seq_id: int, group_id: int, prompt: np.ndarray) -> None:
-        """Index the prompt (once per group in group mode)."""
-        self.drafter.add_request(seq_id, prompt, group=group_id if self.group else None)
+        """Index the prompt (once per group in group mode; a new group takes the prompt's history)."""
+        group = group_id if self.group else None
+        new_group = group is not None and not self.drafter.has_group(group)
+        self.drafter.add_request(seq_id, prompt, group=group)
+        if self.history is not None:
+            key = self._keys[seq_id] = prompt_key(prompt)
+            if new_group:
+                for response in self.history.responses(key):
+                    self.drafter.add_to_group(group, response)
+
+    def remember(self, group_id: int, prompt: np.ndarray, responses: Sequence[np.ndarray]) -> None:
+        """An earlier rollout's responses to this prompt go to the history (nothing without one)."""
+        if self.history is not None:
+            key = prompt_key(prompt)
+            for index, response in enumerate(responses):
+                self.history.record(key, ("earlier", group_id, index), response)
 
     def step(self, seq_ids: Sequence[int], new_tokens: Sequence[list[int]], contexts: Sequence[np.ndarray],
              k: int) -> list[list[int]]:
@@ -27,7 +48,9 @@ class SamReplayDrafter:
         return self.drafter.step(seq_ids, new_tokens, k)
 
     def remove(self, seq_id: int) -> None:
-        """Free the sequence (and its group with its last member)."""
+        """Free the sequence (and its group with its last member); its response joins the history."""
+        if self.history is not None:
+            self.history.record(self._keys.pop(seq_id), seq_id, self.drafter.response(seq_id))
         self.drafter.remove_request(seq_id)
 
     def memory_bytes(self) -> int:

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from samrollout.replay.protocol import ReplayDrafter
+from samrollout.replay.protocol import ReplayDrafter, remember
 
 
 class SourceOracle:
@@ -48,6 +48,11 @@ class SourceOracle:
                 index(seq_ids, new_tokens)
             else:
                 drafter.step(seq_ids, new_tokens, contexts, k)
+
+    def remember(self, group_id: int, prompt: np.ndarray, responses: Sequence[np.ndarray]) -> None:
+        """An earlier rollout's responses, to every source that keeps them."""
+        for drafter in self._drafters:
+            remember(drafter, group_id, prompt, responses)
 
     def remove(self, seq_id: int) -> None:
         """Finish the sequence in every source."""

@@ -98,10 +98,19 @@ class SuffixDrafter:
             max_tree_depth=SUFFIX_MAX_TREE_DEPTH,
             max_cached_requests=SUFFIX_MAX_CACHED_REQUESTS if global_cache else 0,
         )
+        self._earlier = 0
 
     def add(self, seq_id: int, group_id: int, prompt: np.ndarray) -> None:
         """Build the request's prompt tree (a reused id's cached response is evicted first, as vLLM does)."""
         self.cache.start_request(seq_id, _int32(prompt))
+
+    def remember(self, group_id: int, prompt: np.ndarray, responses: Sequence[np.ndarray]) -> None:
+        """An earlier rollout's responses pass through as finished requests (kept by the global cache only)."""
+        for response in responses:
+            self._earlier -= 1  # ids of their own, below the replay's (which count up from 0)
+            self.cache.start_request(self._earlier, _int32(prompt))
+            self.cache.add_active_response(self._earlier, _int32(response))
+            self.cache.stop_request(self._earlier)
 
     def index(self, seq_ids: Sequence[int], new_tokens: Sequence[list[int]]) -> None:
         """Append accepted tokens without speculating (a round where the oracle using this source drafts nothing)."""

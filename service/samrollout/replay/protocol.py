@@ -26,3 +26,11 @@ class ReplayDrafter(Protocol):
     def remove(self, seq_id: int) -> None:
         """The sequence finished."""
         ...
+
+
+def remember(drafter: object, group_id: int, prompt: np.ndarray, responses: Sequence[np.ndarray]) -> None:
+    """Give ``drafter`` an earlier rollout's finished responses to this prompt, if it keeps any across
+    rollouts (an optional ``remember`` method: sam-history, suffix-cache's global tree); others ignore them."""
+    method = getattr(drafter, "remember", None)
+    if method is not None and len(responses):
+        method(group_id, prompt, responses)

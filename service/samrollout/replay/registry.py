@@ -23,18 +23,21 @@ from dataclasses import replace
 
 from samrollout.config import SpeculationConfig
 from samrollout.drafter import DraftPolicy
+from samrollout.history import ResponseHistory
 from samrollout.replay.drafters import SamRefDrafter, SamReplayDrafter
 from samrollout.replay.protocol import ReplayDrafter
 
 DEFAULT_DRAFTERS = ("sam", "sam-group", "sam-ref", "ngram", "suffix", "suffix-cache")
 # Ours: these follow the engine's static threshold (the published design, sam-ref, included).
-OURS = ("sam", "sam-group", "sam-ref")
+OURS = ("sam", "sam-group", "sam-history", "sam-ref")
 ORACLE = "oracle"
 # The oracle's own sources: the request's own automaton and its group's (the two a sam-group row picks from).
 OWN_SOURCES = ("own", "group")
 DEFAULT_ORACLE_SOURCES = OWN_SOURCES
 VLLM_SUFFIX_DEFAULT_K = 24  # vLLM: num_speculative_tokens defaults to suffix_decoding_max_tree_depth for "suffix"
 ENGINE = SpeculationConfig()
+# sam-history keeps this many tokens of earlier responses (the engine's default, when off there: 2**24).
+REPLAY_HISTORY_TOKENS = ENGINE.history_tokens or 1 << 24
 
 
 def engine_k(name: str) -> int:
@@ -59,6 +62,9 @@ def make_drafter(name: str, vocab_size: int, policy: DraftPolicy | None = None) 
         return SamReplayDrafter("sam", vocab_size, policy)
     if name == "sam-group":
         return SamReplayDrafter("sam-group", vocab_size, policy, group=True)
+    if name == "sam-history":
+        return SamReplayDrafter("sam-history", vocab_size, policy, group=True,
+                                history=ResponseHistory(REPLAY_HISTORY_TOKENS, ENGINE.history_responses))
     if name == "sam-ref":
         return SamRefDrafter()
     if name == "ngram":
@@ -72,7 +78,7 @@ def make_drafter(name: str, vocab_size: int, policy: DraftPolicy | None = None) 
         if reason is not None:
             raise RuntimeError(f"{name}: {reason}")
         return SuffixDrafter(global_cache=name == "suffix-cache")
-    raise ValueError(f"unknown drafter {name!r}; known: {', '.join(DEFAULT_DRAFTERS)}")
+    raise ValueError(f"unknown drafter {name!r}; known: {', '.join([*DEFAULT_DRAFTERS, 'sam-history'])}")
 
 
 def make_source(name: str, vocab_size: int, policy: DraftPolicy | None = None) -> ReplayDrafter:

@@ -52,11 +52,11 @@ def _drafts_at(result: ReplayResult) -> str:
 
 def format_table(results: list[ReplayResult]) -> str:
     """One row per drafter (then the oracle, marked): k, when it drafts, MAL (all steps and tail steps),
-    acceptance rate, draft tokens per step, costs."""
+    acceptance rate, rejected draft tokens per accepted one, draft tokens per step, costs."""
     tail = results[0].tail_rows if results else 8
     width = max([14] + [len(r.name) + 3 for r in results])
     header = (f"{'drafter':<{width}}{'k':>3}{'drafts at':>14}{'MAL':>7}{f'MAL tail<={tail}':>14}{'accept':>9}"
-              f"{'draft/step':>12}{'us/step':>11}{'us/token':>11}")
+              f"{'rej/acc':>9}{'draft/step':>12}{'us/step':>11}{'us/token':>11}")
     lines = [header, "-" * len(header)]
     drafters = [r for r in results if not r.is_oracle]
     oracles = [r for r in results if r.is_oracle]
@@ -69,7 +69,7 @@ def format_table(results: list[ReplayResult]) -> str:
         tail_mal = f"{d['tail_mean_acceptance_length']:>14.3f}" if r.tail_steps else f"{'-':>14}"
         lines.append(
             f"{name:<{width}}{r.k:>3}{_drafts_at(r):>14}{d['mean_acceptance_length']:>7.3f}"
-            f"{tail_mal}{d['acceptance_rate']:>9.3f}"
+            f"{tail_mal}{d['acceptance_rate']:>9.3f}{d['rejected_per_accepted']:>9.2f}"
             f"{d['draft_tokens_per_step']:>12.2f}" + cost
         )
     if results and not results[0].tail_steps:

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from samrollout.replay.oracle import SourceOracle
-from samrollout.replay.protocol import ReplayDrafter
+from samrollout.replay.protocol import ReplayDrafter, remember
 from samrollout.replay.traces import TraceGroup
 
 
@@ -90,6 +90,11 @@ class ReplayResult:
         return self.accepted / self.drafted if self.drafted else 0.0
 
     @property
+    def rejected_per_accepted(self) -> float:
+        """Draft tokens verified in vain per draft token accepted (the waste of long drafts; 0 if none accepted)."""
+        return (self.drafted - self.accepted) / self.accepted if self.accepted else 0.0
+
+    @property
     def us_per_step(self) -> float:
         """Drafter time per row-step (append + propose), microseconds."""
         return 1e6 * self.step_seconds / self.row_steps if self.row_steps else 0.0
@@ -112,6 +117,7 @@ class ReplayResult:
             "tail_rows": self.tail_rows,
             "tail_steps": self.tail_steps,
             "acceptance_rate": self.acceptance_rate,
+            "rejected_per_accepted": self.rejected_per_accepted,
             "draft_tokens_per_step": self.drafted / self.steps if self.steps else 0.0,
             "us_per_step": self.us_per_step,
             "us_per_token": self.us_per_token,
@@ -144,11 +150,12 @@ def _accepted_length(draft: Sequence[int], truth: list[int], pos: int, k: int) -
 
 
 def replay(drafter: ReplayDrafter | SourceOracle, groups: list[TraceGroup], k: int, tail_rows: int = 16,
-           threshold: int | None = None) -> ReplayResult:
+           threshold: int | None = None, history: Sequence[Sequence[np.ndarray]] | None = None) -> ReplayResult:
     """Replay every response through ``drafter`` as one rollout and count what a greedy verifier accepts.
 
     ``threshold``: draft only in rounds where at most this many rows run (the engine's static
-    gate; None drafts in every round).
+    gate; None drafts in every round).  ``history[i]``: responses to ``groups[i]``'s prompt from an
+    earlier rollout, given first to drafters that keep such (`protocol.remember`; not timed).
     """
     sources = list(drafter.sources) if isinstance(drafter, SourceOracle) else []
     result = ReplayResult(drafter.name, k, tail_rows=tail_rows, threshold=threshold, sources=sources)
@@ -157,6 +164,8 @@ def replay(drafter: ReplayDrafter | SourceOracle, groups: list[TraceGroup], k: i
     truth: dict[int, list[int]] = {}
     position: dict[int, int] = {}
     pending: dict[int, list[int]] = {}
+    for group_index, earlier in enumerate(history or []):
+        remember(drafter, group_index, groups[group_index].prompt, earlier)
     for group_index, group in enumerate(groups):
         for response in group.responses:
             if len(response) < 2:

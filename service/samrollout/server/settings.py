@@ -55,6 +55,13 @@ class ServerSettings(BaseSettings):
         'above the last R), e.g. "2:16,8:8"; "none": --k up to --threshold; "auto": the backend\'s measured '
         "default (CUDA: 8 drafts up to --threshold, or --k if larger; CPU and NPU: none)")
     group_drafting: bool = Field(True, description="siblings of one group draft from a shared automaton")
+    draft_history_tokens: int = Field(
+        SpeculationConfig.history_tokens, ge=0, le=1 << 30,
+        description="response tokens of earlier rollouts kept as drafting text for later rollouts of the same "
+        "prompt (LRU; 0: off); with it on, requests without a group id are grouped by prompt")
+    draft_history_responses: int = Field(
+        SpeculationConfig.history_responses, ge=1, le=1024,
+        description="earlier responses kept per prompt (the newest)")
     draft_policy: dict[str, Any] = Field(
         default_factory=dict, description='DraftPolicy fields as a JSON object, e.g. {"min_match_length": 2}; '
         "fields left out keep their defaults")
@@ -138,7 +145,8 @@ class ServerSettings(BaseSettings):
         draft_range = default_draft_range(self.draft_range, self.k, self.threshold, on_cuda)
         return SpeculationConfig(k=self.k, threshold_mode=self.threshold_mode, threshold=self.threshold,
                                  group_drafting=self.group_drafting, policy=DraftPolicy.from_dict(self.draft_policy),
-                                 draft_range=draft_range)
+                                 draft_range=draft_range, history_tokens=self.draft_history_tokens,
+                                 history_responses=self.draft_history_responses)
 
     def vllm_argv(self, model_path: str, on_cpu: bool, per_request_metrics_flags: bool = True,
                   on_cuda: bool = False) -> list[str]:
@@ -206,6 +214,8 @@ _FLAGS: dict[str, dict[str, Any]] = {
     "threshold": {"type": int},
     "draft_range": {"metavar": "auto|none|R:K,..."},
     "group_drafting": {"action": argparse.BooleanOptionalAction},
+    "draft_history_tokens": {"type": int, "metavar": "TOKENS"},
+    "draft_history_responses": {"type": int, "metavar": "N"},
     "draft_policy": {"type": lambda text: json_object(text, "--draft-policy"), "metavar": "JSON"},
     "max_model_len": {"type": int},
     "gpu_memory_utilization": {"type": float},

@@ -21,6 +21,7 @@ import numpy as np
 
 from samrollout.config import ADDITIONAL_CONFIG_KEY, GROUP_FIELD, SpeculationConfig
 from samrollout.drafter import SamDrafter
+from samrollout.history import ResponseHistory, prompt_key
 from samrollout.spec_decode.gate import Gate, make_gate
 from samrollout.spec_decode.schedule import dense_from_range, dense_schedule
 
@@ -94,6 +95,14 @@ class SamProposer:
         self.runner = runner if runner is not None else find_model_runner()
         self.draft_sampled = self._draft_sampled(self.config.sampled_requests)
         self._indexed: dict[str, int] = {}       # tokens each request's automaton holds
+        # Cross-epoch history (SpeculationConfig.history_tokens): earlier responses per prompt join a
+        # group's automaton at the group's first drafting step (in the tail, so few groups ever pay).
+        self.history = (ResponseHistory(self.config.history_tokens, self.config.history_responses)
+                        if self.config.history_tokens > 0 and self.config.group_drafting else None)
+        self._group: dict[str, str] = {}         # each request's group (requests in none are absent)
+        self._prompt_key: dict[str, bytes] = {}  # each request's history key (history on)
+        self._unjoined: dict[str, bytes] = {}    # live groups whose history has not joined yet
+        self.history_joined_responses = 0
         self._last_draft: dict[str, int] = {}    # length of each request's previous draft
         self._last_call: float | None = None
         # Counters for metrics and tests: what we proposed, what came back accepted.
@@ -126,7 +135,11 @@ class SamProposer:
                 "threshold_from_vllm_schedule": self.schedule is not None,
                 "steps_by_batch_size": _by_batch_size(self.steps_by_batch_size),
                 "drafting_steps_by_batch_size": _by_batch_size(self.drafting_steps_by_batch_size),
-                "gate": self.gate.summary()}
+                "gate": self.gate.summary(),
+                "history": None if self.history is None else {
+                    "tokens": self.history.tokens, "prompts": self.history.prompts,
+                    "max_tokens": self.history.max_tokens, "responses_per_prompt": self.history.responses_per_prompt,
+                    "joined_responses": self.history_joined_responses}}
 
     def load_model(self, *args: Any, **kwargs: Any) -> None:
         """No model: the drafter is model-free."""
@@ -173,6 +186,8 @@ class SamProposer:
 
         drafts: list[list[int]] = [[] for _ in range(rows)]
         step_allowed = bool(ids) and self.gate.allow_step(running)
+        if step_allowed and self._unjoined:
+            self._join_history(ids)
         if ids:
             proposed = self.drafter.step(ids, new_tokens, self.k)
             if step_allowed:
@@ -217,10 +232,34 @@ class SamProposer:
             state = self.runner.requests.get(request_id)
             params = getattr(state, "sampling_params", None)
             group = group_of(request_id, getattr(params, "extra_args", None))
+        if self.history is not None:
+            key = self._prompt_key[request_id] = prompt_key(prompt)
+            group = group if group is not None else f"prompt:{key.hex()}"
+            if not self.drafter.has_group(group) and self.history.responses(key):
+                self._unjoined[group] = key
         self.drafter.add_request(request_id, prompt, group=group)
+        if group is not None:
+            self._group[request_id] = group
+
+    def _join_history(self, request_ids: list[str]) -> None:
+        """Earlier responses join the groups of these rows that have not had theirs yet."""
+        for request_id in request_ids:
+            group = self._group.get(request_id)
+            key = self._unjoined.pop(group, None) if group is not None else None
+            if key is None or self.history is None:
+                continue
+            for response in self.history.responses(key, exclude=request_id):
+                if not self.drafter.add_to_group(group, response):
+                    break  # the group's token bound: the newest responses come last, so stop here
+                self.history_joined_responses += 1
 
     def _remove(self, request_id: str) -> None:
+        if self.history is not None and request_id in self._prompt_key:
+            self.history.record(self._prompt_key.pop(request_id), request_id, self.drafter.response(request_id))
         self.drafter.remove_request(request_id)
+        group = self._group.pop(request_id, None)
+        if group is not None and not self.drafter.has_group(group):
+            self._unjoined.pop(group, None)
         self._indexed.pop(request_id, None)
         self._last_draft.pop(request_id, None)
 
@@ -232,7 +271,8 @@ class SamProposer:
         self.gate.forget(departed)
 
     def reset(self) -> None:
-        """Drop every automaton and what the gate learned (the policy's weights changed)."""
+        """Drop every automaton and what the gate learned (the policy's weights changed); the history of
+        earlier responses stays (they are only drafts), and takes the live requests' text so far."""
         for request_id in list(self._indexed):
             self._remove(request_id)
         self.drafter = SamDrafter(self.drafter.vocab_size, self.policy)

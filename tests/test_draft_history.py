@@ -1,0 +1,136 @@
+"""Cross-epoch history: earlier rollouts' responses to a prompt are drafting text for later ones, bounded."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+
+from conftest import API_KEY, admin_status
+from samrollout import DraftPolicy, SamDrafter
+from samrollout.config import SpeculationConfig
+from samrollout.history import ResponseHistory, prompt_key
+from samrollout.replay.drafters import SamReplayDrafter
+from samrollout.server.settings import ServerSettings
+from server_process import ServerProcess
+
+VOCAB = 1000
+PROMPT = [11, 12, 13, 14]
+
+
+def _no_loop(length: int, seed: int = 0) -> list[int]:
+    """A response without repeats: nothing in it predicts its own continuation."""
+    return np.random.default_rng(seed).permutation(VOCAB)[:length].tolist()
+
+
+def test_a_response_of_an_earlier_rollout_drafts_a_later_response_from_its_first_tokens():
+    earlier = _no_loop(200)
+    drafter = SamDrafter(VOCAB, DraftPolicy(min_match_length=1))
+    drafter.add_request("later", PROMPT, group="g")
+    assert drafter.add_to_group("g", earlier)
+    accepted = 0
+    for position in range(1, 150):
+        draft = drafter.step(["later"], [earlier[position - 1: position]], 3)[0]
+        accepted += int(draft == earlier[position: position + 3])
+    assert accepted == 149  # every step drafts the earlier response's next three tokens
+
+    alone = SamDrafter(VOCAB, DraftPolicy(min_match_length=1))
+    alone.add_request("later", PROMPT, group="g")
+    drafts = [alone.step(["later"], [earlier[p - 1: p]], 3)[0] for p in range(1, 150)]
+    assert not any(draft and draft[0] == earlier[p] for p, draft in enumerate(drafts, start=1))
+
+
+def test_history_joining_a_group_respects_the_group_token_bound():
+    drafter = SamDrafter(VOCAB, DraftPolicy(max_group_tokens=300))
+    drafter.add_request("live", PROMPT, group="g")
+    assert drafter.add_to_group("g", _no_loop(200, seed=1))
+    assert not drafter.add_to_group("g", _no_loop(200, seed=2))  # would pass 300: refused, nothing indexed
+    drafter.append("live", _no_loop(50, seed=3))
+    assert not drafter.info("live")["group_overflow"]  # the live group keeps drafting
+    with pytest.raises(KeyError):
+        drafter.add_to_group("no such group", [1, 2])
+
+
+def test_the_drafter_hands_back_the_response_it_indexed():
+    drafter = SamDrafter(VOCAB)
+    drafter.add_request("r", PROMPT, group="g")
+    drafter.step(["r"], [[5, 6]], 3)
+    drafter.append("r", [7])
+    assert drafter.response("r").tolist() == [5, 6, 7]
+
+
+def test_history_keeps_the_newest_responses_per_prompt_and_evicts_least_recent_prompts_past_its_tokens():
+    history = ResponseHistory(max_tokens=1000, responses_per_prompt=2)
+    a, b = prompt_key([1, 2, 3]), prompt_key([4, 5])
+    for i in range(3):
+        history.record(a, f"a{i}", [i] * 100)
+    assert [r[0] for r in history.responses(a)] == [1, 2] and history.tokens == 200
+    history.record(a, "a2", [9] * 300)  # the same response id again (a resumed request): replaced
+    assert [r[0] for r in history.responses(a)] == [1, 9] and history.tokens == 400
+    history.record(b, "b0", [7] * 500)
+    assert history.tokens == 900
+    history.record(b, "b1", [8] * 400)  # past 1000: the least recently used prompt (a) goes, oldest first
+    assert history.tokens == 900 and history.prompts == 1 and history.responses(a) == []
+    history.record(b, "b2", [6] * 1001)  # longer than the whole bound: not kept
+    assert history.tokens == 900
+    assert [r[0] for r in history.responses(b, exclude="b1")] == [7]
+
+
+def test_equal_prompts_share_a_history_key_and_different_ones_do_not():
+    assert prompt_key([1, 2, 3]) == prompt_key(np.array([1, 2, 3], dtype=np.int64))
+    assert prompt_key([1, 2, 3]) != prompt_key([1, 2, 4])
+
+
+def test_replay_with_history_accepts_more_than_without_on_the_same_rollout():
+    from samrollout.replay.simulate import replay
+    from samrollout.replay.traces import TraceGroup
+
+    earlier = np.array(_no_loop(300, seed=4), dtype=np.int32)
+    later = earlier.copy()
+    later[150:] = _no_loop(150, seed=5)  # the later response follows the earlier one for half its length
+    group = TraceGroup("p", np.array(PROMPT, dtype=np.int32), [later])
+    with_history = SamReplayDrafter("sam-history", VOCAB, group=True, history=ResponseHistory(1 << 20, 4))
+    results = [replay(drafter, [group], k=3, threshold=None, history=[[earlier]])
+               for drafter in (SamReplayDrafter("sam-group", VOCAB, group=True), with_history)]
+    assert results[0].accepted == 0
+    assert results[1].accepted >= 110  # the shared half: 3 drafted and accepted of every 4 tokens
+
+
+def test_history_is_on_by_default_bounded_and_can_be_turned_off():
+    on = ServerSettings().speculation_config()
+    assert on is not None and on.history_tokens == SpeculationConfig().history_tokens > 0
+    off = ServerSettings(draft_history_tokens=0, draft_history_responses=2).speculation_config()
+    assert off is not None and off.history_tokens == 0 and off.history_responses == 2
+    assert SpeculationConfig.from_json(off.to_json()) == off
+    with pytest.raises(ValueError):
+        SpeculationConfig(history_tokens=-1)
+    with pytest.raises(ValueError):
+        SpeculationConfig(history_responses=0)
+
+
+def _greedy(server: ServerProcess, prompt: str, tokens: int) -> list[int]:
+    reply = httpx.post(f"{server.url}/v1/completions", headers={"Authorization": f"Bearer {API_KEY}"}, timeout=120,
+                       json={"model": "tiny", "prompt": prompt, "max_tokens": tokens, "temperature": 0,
+                             "ignore_eos": True, "return_token_ids": True})
+    assert reply.status_code == 200, reply.text
+    token_ids: list[int] = reply.json()["choices"][0]["token_ids"]
+    return token_ids
+
+
+def test_a_second_rollout_of_a_prompt_joins_the_first_rollouts_response_and_keeps_its_output(
+        tiny_server: ServerProcess) -> None:
+    def history() -> dict[str, Any]:
+        drafter = admin_status(tiny_server)["drafter"]
+        assert drafter["history"] is not None, "history is on by default"
+        result: dict[str, Any] = drafter["history"]
+        return result
+
+    first = _greedy(tiny_server, "an epoch revisits this prompt", 64)
+    joined = history()["joined_responses"]
+    second = _greedy(tiny_server, "an epoch revisits this prompt", 64)
+    after = history()
+    assert second == first  # drafts only: the output is the model's
+    assert after["joined_responses"] >= joined + 1
+    assert 64 <= after["tokens"] <= after["max_tokens"]
