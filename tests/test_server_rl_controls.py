@@ -91,13 +91,13 @@ def test_abort_rollout_stops_that_rollout_and_no_other(tiny_server: ServerProces
 
 def test_client_disconnect_mid_stream_aborts_its_engine_request(tiny_server: ServerProcess) -> None:
     aborted_before = finished_as_aborted(tiny_server)
-    body = completion("disconnect", 480, stream=True, temperature=0)
+    # Sampled: on CPU only greedy requests draft, so the stream takes its 480 engine steps.
+    body = completion("disconnect", 480, stream=True, temperature=1.0, seed=3)
 
     async def scenario() -> None:
         async with httpx.AsyncClient(base_url=tiny_server.url, headers=AUTH, timeout=300) as client:
-            # Twelve other requests keep the batch above the drafting threshold and each step slower, so the
-            # stream cannot run to its 480 tokens before the server notices the hang-up, however fast this
-            # machine is.
+            # Twelve other requests keep each step slower, so the stream cannot run to its 480 tokens before
+            # the server notices the hang-up, however fast this machine is.
             load = [asyncio.create_task(client.post("/v1/completions", json=completion(f"load {i}", 480)))
                     for i in range(12)]
             deadline = time.monotonic() + 60
