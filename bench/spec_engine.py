@@ -38,6 +38,10 @@ MODES: dict[str, dict[str, Any] | None] = {
     "sam-static-m1": {"method": "sam", "threshold_mode": "static", "min_match_length": 1},
     "sam-static-m2": {"method": "sam", "threshold_mode": "static", "min_match_length": 2},
     "sam-static-m4": {"method": "sam", "threshold_mode": "static", "min_match_length": 4},
+    # SpeculationConfig.confident_match: past the threshold, rows whose match is at least this long draft.
+    "sam-confident-16": {"method": "sam", "threshold_mode": "static", "confident_match": 16},
+    "sam-confident-32": {"method": "sam", "threshold_mode": "static", "confident_match": 32},
+    "sam-confident-64": {"method": "sam", "threshold_mode": "static", "confident_match": 64},
     "ngram": {"method": "ngram"},
     "suffix": {"method": "suffix"},
 }
@@ -72,7 +76,8 @@ def _engine_args(mode: str, k: int, threshold: int) -> dict[str, Any]:
     from samrollout.drafter import DraftPolicy
 
     policy = DraftPolicy(min_match_length=setting.get("min_match_length", "auto"))
-    config = SpeculationConfig(k=k, threshold_mode=setting["threshold_mode"], threshold=threshold, policy=policy)
+    config = SpeculationConfig(k=k, threshold_mode=setting["threshold_mode"], threshold=threshold, policy=policy,
+                               confident_match=setting.get("confident_match", SpeculationConfig.confident_match))
     return engine_kwargs(model, config, **base)
 
 

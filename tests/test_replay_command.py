@@ -107,3 +107,15 @@ def test_unknown_drafter_name_is_an_error(tmp_path, capsys):
     _write_group_traces(traces, groups=1, siblings=2, length=20)
     assert main(["replay", "--traces", str(traces), "--drafters", "sam,nonsense", "--long-context", ""]) == 2
     assert "unknown drafter" in capsys.readouterr().err
+
+
+def test_past_the_threshold_only_drafts_from_long_matches_are_kept_with_confident_match():
+    from samrollout.replay.drafters import SamReplayDrafter
+
+    loop = np.tile(np.arange(20, 30, dtype=np.int32), 30)  # 300 tokens of a 10-token loop: long matches
+    noise = np.random.default_rng(1).permutation(200)[:150].astype(np.int32)  # no repeats: short matches
+    groups = [TraceGroup(f"p{i}", np.array([1, 2, 3], dtype=np.int32), [loop if i % 2 else noise]) for i in range(12)]
+    results = {cm: replay(SamReplayDrafter("sam", 256, confident_match=cm), groups, k=3, threshold=1)
+               for cm in (0, 8)}
+    assert results[0].drafted == 0  # twelve rows always run: the threshold of 1 drafts nothing
+    assert results[8].accepted > 0.9 * results[8].drafted > 0  # the loops draft, nearly all accepted

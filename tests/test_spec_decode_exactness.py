@@ -86,9 +86,10 @@ def tiny_runs(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple
             run_engine_jobs(tiny_dir, SAM_DRAFT_MOST, TINY_JOBS, base / "on"))
 
 
-# Seer's long drafts in the tail: 16 drafts while at most 4 requests run, 8 up to 512 (so the
-# batched jobs draft too), the longest schedule a user can set.
-SAM_LONG_DRAFTS = {**SAM_DRAFT_MOST, "threshold_mode": "static", "draft_range": [[4, 16], [512, 8]]}
+# Seer's long drafts in the tail: 16 drafts while at most 4 requests run, 8 up to 8, and past
+# that rows whose match is 2+ tokens (confident_match: the 12-prompt greedy job starts there).
+SAM_LONG_DRAFTS = {**SAM_DRAFT_MOST, "threshold_mode": "static", "draft_range": [[4, 16], [8, 8]],
+                   "confident_match": 2}
 LONG_DRAFT_JOBS = [job for job in TINY_JOBS if job["name"] in ("greedy", "repetitive", "explicit_group", "logprobs")]
 
 
@@ -137,7 +138,8 @@ def test_long_draft_logprobs_are_the_target_models_and_long_drafts_were_accepted
             assert all(steps_on[t] == pytest.approx(v, abs=1e-4) for t, v in steps_off.items())
     per_position = long_draft_run["spec_metrics"]["vllm:spec_decode_num_accepted_tokens_per_pos"]
     assert len(per_position) == 16 and sum(per_position[8:]) > 0  # drafts past 8 ran and were accepted
-    assert long_draft_run["proposer"]["draft_range"] == [[4, 16], [512, 8]]
+    assert long_draft_run["proposer"]["draft_range"] == [[4, 16], [8, 8]]
+    assert long_draft_run["proposer"]["confident_drafts"] > 0  # rows drafted past the range, on long matches
 
 
 def test_sampled_n_children_complete_with_sam(tiny_runs):

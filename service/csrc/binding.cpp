@@ -201,6 +201,21 @@ NB_MODULE(_sam_core, m) {
             return nb::ndarray<nb::numpy, int32_t, nb::ndim<1>>(data->data(), {data->size()}, owner);
           },
           "request"_a)
+      .def(
+          "last_match_lengths",
+          [](const Drafter& d, nb::handle requests) {
+            std::vector<int64_t> handles;
+            read_ints(requests.ptr(), handles, "requests must be a sequence of handles");
+            std::vector<int32_t> lengths(handles.size());
+            {
+              nb::gil_scoped_release release;
+              d.last_match_lengths(handles.data(), handles.size(), lengths.data());
+            }
+            nb::list out;
+            for (int32_t length : lengths) out.append(length);
+            return out;
+          },
+          "requests"_a)
       .def("has_request", &Drafter::has_request, "request"_a)
       .def(
           "info",

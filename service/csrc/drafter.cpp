@@ -165,6 +165,7 @@ int32_t Drafter::propose_locked(const Request& r, int32_t k, int32_t* out) const
   const int32_t available = use_group ? group_count : own_count;
   const int32_t n = std::min(available, draft_length(match, k));
   std::copy(source, source + n, out);
+  r.last_match = n > 0 ? match : 0;
   return n;
 }
 
@@ -235,6 +236,11 @@ std::vector<int32_t> Drafter::response(int64_t request) const {
     if (!g.overflow) return g.automaton->response(r.group_sid);
   }
   return {};
+}
+
+void Drafter::last_match_lengths(const int64_t* requests, std::size_t count, int32_t* out) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (std::size_t i = 0; i < count; ++i) out[i] = find(requests[i]).last_match;
 }
 
 bool Drafter::has_request(int64_t request) const {

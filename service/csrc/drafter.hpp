@@ -61,6 +61,9 @@ class Drafter {
   bool add_to_group(int64_t group, const int32_t* tokens, std::size_t count);
   // The request's response so far (empty when every automaton holding it overflowed).
   std::vector<int32_t> response(int64_t request) const;
+  // The match length behind each request's last draft (0 where it drafted nothing): how much
+  // evidence the draft has, for confidence gating.
+  void last_match_lengths(const int64_t* requests, std::size_t count, int32_t* out) const;
 
   bool has_request(int64_t request) const;
   RequestInfo info(int64_t request) const;
@@ -83,6 +86,7 @@ class Drafter {
     int32_t group_sid = 0;
     int64_t num_tokens = 0;
     uint64_t last_step = 0;  // stamp of the last batch step that named it
+    mutable int32_t last_match = 0;  // match length behind its last draft (0: no draft)
   };
 
   Request& find(int64_t request);

@@ -171,6 +171,11 @@ class SamDrafter:
         tokens: Int32Array = self._core.response(self._handle(request_id))
         return tokens
 
+    def last_match_lengths(self, request_ids: Sequence[Hashable]) -> list[int]:
+        """The match length behind each request's last draft (0 where it drafted nothing): its evidence."""
+        lengths: list[int] = self._core.last_match_lengths([self._handle(r) for r in request_ids])
+        return lengths
+
     # -- tokens and drafts -----------------------------------------------------------
     def append(self, request_id: Hashable, tokens: Sequence[int] | npt.NDArray[Any]) -> None:
         """Index tokens the request generated (accepted drafts and the bonus token)."""

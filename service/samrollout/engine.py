@@ -33,10 +33,10 @@ def engine_kwargs(model: str, speculation: SpeculationConfig | None = None, **ov
 def vllm_speculative_config(speculation: SpeculationConfig) -> dict[str, Any]:
     """vLLM's ``speculative_config`` for SAM: our proposer class and the largest draft; with the static
     threshold, also the draft range (or k up to the threshold) as vLLM's batch-size schedule where vLLM
-    keeps one for ``custom_class`` (0.32)."""
+    keeps one for ``custom_class`` (0.32) and no confident drafting past the threshold needs more."""
     config: dict[str, Any] = {"method": "custom_class", "model": PROPOSER_CLASS,
                               "num_speculative_tokens": speculation.largest_draft()}
-    if speculation.threshold_mode == "static" and vllm_has_batch_size_schedule():
+    if speculation.threshold_mode == "static" and not speculation.confident_match and vllm_has_batch_size_schedule():
         config[SCHEDULE_FIELD] = range_schedule(speculation.effective_range())
     return config
 

@@ -84,6 +84,9 @@ def add_replay_parser(commands: Any) -> None:
                         "earlier checkpoints) are not replayed but given first to drafters that keep responses "
                         "across rollouts (sam-history, suffix-cache's global tree); groups with no response left "
                         "are dropped. With N > 0 the default drafters include sam-history (default 0)")
+    p.add_argument("--confident-match", type=int, default=ENGINE.confident_match, metavar="TOKENS",
+                   help="in rounds past our threshold, our drafters still draft from matches at least this long, "
+                        f"as the engine's confident_match does (default: the engine's, {ENGINE.confident_match})")
     p.add_argument("--max-groups", type=int, help="replay only the first N prompt groups of each file")
     p.add_argument("--tail-rows", type=int, default=ENGINE.threshold,
                    help=f"the tail: positions where, without speculation, at most this many responses still run "
@@ -171,6 +174,9 @@ def run(args: argparse.Namespace) -> int:
     threshold_of = {name: (engine_threshold(name) if args.threshold == "engine" or engine_threshold(name) is None
                            else args.threshold) for name in [*drafters, ORACLE]}
     print(_plan(drafters, oracles, k_of, threshold_of, policy))
+    if args.confident_match:
+        print(f"  past the threshold, ours still draft from matches of {args.confident_match}+ tokens "
+              f"(--confident-match)")
 
     runs: list[report.ReplayRun] = []
     unavailable: dict[str, str] = {}
@@ -201,7 +207,7 @@ def run(args: argparse.Namespace) -> int:
                 continue
             for name in drafters:
                 try:
-                    drafter = factory(name, vocab, policy)()
+                    drafter = factory(name, vocab, policy, args.confident_match)()
                 except RuntimeError as error:
                     if name not in unavailable:
                         print(f"skipped {error}", file=sys.stderr)

@@ -15,12 +15,13 @@ class SamReplayDrafter:
     ``history`` earlier rollouts' responses to the prompt join the group (as the engine's proposer does)."""
 
     def __init__(self, name: str, vocab_size: int, policy: DraftPolicy | None = None, group: bool = False,
-                 history: ResponseHistory | None = None) -> None:
+                 history: ResponseHistory | None = None, confident_match: int = 0) -> None:
         if history is not None and not group:
             raise ValueError("history joins group automata: it needs group=True")
         self.name = name
         self.group = group
         self.history = history
+        self.confident_match = confident_match
         self.drafter = SamDrafter(vocab_size, policy)
         self._keys: dict[int, bytes] = {}
 
@@ -46,6 +47,14 @@ class SamReplayDrafter:
              k: int) -> list[list[int]]:
         """One batched native call: append accepted tokens, draft for every row."""
         return self.drafter.step(seq_ids, new_tokens, k)
+
+    def confident(self, seq_ids: Sequence[int], drafts: Sequence[list[int]]) -> list[list[int]]:
+        """In a round past the threshold, the drafts the engine still makes (`SpeculationConfig.confident_match`):
+        those from a match of at least ``confident_match`` tokens (none when it is 0)."""
+        if not self.confident_match:
+            return [[] for _ in drafts]
+        evidence = self.drafter.last_match_lengths(seq_ids)
+        return [draft if match >= self.confident_match else [] for draft, match in zip(drafts, evidence, strict=True)]
 
     def remove(self, seq_id: int) -> None:
         """Free the sequence (and its group with its last member); its response joins the history."""

@@ -54,17 +54,20 @@ def engine_threshold(name: str) -> int | None:
     return None
 
 
-def make_drafter(name: str, vocab_size: int, policy: DraftPolicy | None = None) -> ReplayDrafter:
-    """Build a drafter by name; raises ValueError for unknown names, RuntimeError if unavailable here."""
+def make_drafter(name: str, vocab_size: int, policy: DraftPolicy | None = None,
+                 confident_match: int = ENGINE.confident_match) -> ReplayDrafter:
+    """Build a drafter by name; raises ValueError for unknown names, RuntimeError if unavailable here.
+    ``confident_match``: our drafters' `SpeculationConfig.confident_match` (past the threshold)."""
     if name == ORACLE:
         raise ValueError("the oracle is not a drafter: it is reported on its own (see --oracle-sources)")
     if name == "sam":
-        return SamReplayDrafter("sam", vocab_size, policy)
+        return SamReplayDrafter("sam", vocab_size, policy, confident_match=confident_match)
     if name == "sam-group":
-        return SamReplayDrafter("sam-group", vocab_size, policy, group=True)
+        return SamReplayDrafter("sam-group", vocab_size, policy, group=True, confident_match=confident_match)
     if name == "sam-history":
         return SamReplayDrafter("sam-history", vocab_size, policy, group=True,
-                                history=ResponseHistory(REPLAY_HISTORY_TOKENS, ENGINE.history_responses))
+                                history=ResponseHistory(REPLAY_HISTORY_TOKENS, ENGINE.history_responses),
+                                confident_match=confident_match)
     if name == "sam-ref":
         return SamRefDrafter()
     if name == "ngram":
@@ -91,6 +94,7 @@ def make_source(name: str, vocab_size: int, policy: DraftPolicy | None = None) -
     return make_drafter(name, vocab_size, policy)
 
 
-def factory(name: str, vocab_size: int, policy: DraftPolicy | None = None) -> Callable[[], ReplayDrafter]:
+def factory(name: str, vocab_size: int, policy: DraftPolicy | None = None,
+            confident_match: int = ENGINE.confident_match) -> Callable[[], ReplayDrafter]:
     """A zero-argument constructor (fresh state per measurement)."""
-    return lambda: make_drafter(name, vocab_size, policy)
+    return lambda: make_drafter(name, vocab_size, policy, confident_match)

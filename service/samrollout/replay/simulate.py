@@ -200,9 +200,12 @@ def replay(drafter: ReplayDrafter | SourceOracle, groups: list[TraceGroup], k: i
         result.indexed_tokens += sum(len(t) for t in new)
         if not gated:
             result.drafting_steps += len(ids)
+        confident = getattr(drafter, "confident", None)
+        if gated and confident is not None:
+            drafts = confident(ids, drafts)  # past the threshold: only drafts with long evidence
         for seq_id, draft in zip(ids, drafts, strict=True):
             pos = position[seq_id]
-            if gated:
+            if gated and confident is None:
                 draft = []
             elif sources:
                 draft = _best_candidate(result, draft, truth[seq_id], pos, k)

@@ -59,6 +59,10 @@ class ServerSettings(BaseSettings):
         SpeculationConfig.history_tokens, ge=0, le=1 << 30,
         description="response tokens of earlier rollouts kept as drafting text for later rollouts of the same "
         "prompt (LRU; 0: off); with it on, requests without a group id are grouped by prompt")
+    confident_match: int = Field(
+        SpeculationConfig.confident_match, ge=0, le=1 << 30,
+        description="past the threshold, rows whose draft comes from a match of at least this many tokens "
+        "still draft (0: off)")
     draft_history_responses: int = Field(
         SpeculationConfig.history_responses, ge=1, le=1024,
         description="earlier responses kept per prompt (the newest)")
@@ -146,7 +150,8 @@ class ServerSettings(BaseSettings):
         return SpeculationConfig(k=self.k, threshold_mode=self.threshold_mode, threshold=self.threshold,
                                  group_drafting=self.group_drafting, policy=DraftPolicy.from_dict(self.draft_policy),
                                  draft_range=draft_range, history_tokens=self.draft_history_tokens,
-                                 history_responses=self.draft_history_responses)
+                                 history_responses=self.draft_history_responses,
+                                 confident_match=self.confident_match)
 
     def vllm_argv(self, model_path: str, on_cpu: bool, per_request_metrics_flags: bool = True,
                   on_cuda: bool = False) -> list[str]:
@@ -215,6 +220,7 @@ _FLAGS: dict[str, dict[str, Any]] = {
     "draft_range": {"metavar": "auto|none|R:K,..."},
     "group_drafting": {"action": argparse.BooleanOptionalAction},
     "draft_history_tokens": {"type": int, "metavar": "TOKENS"},
+    "confident_match": {"type": int, "metavar": "TOKENS"},
     "draft_history_responses": {"type": int, "metavar": "N"},
     "draft_policy": {"type": lambda text: json_object(text, "--draft-policy"), "metavar": "JSON"},
     "max_model_len": {"type": int},

@@ -110,6 +110,7 @@ class SamProposer:
         self.draft_tokens = 0
         self.accepted_tokens = 0
         self.sampled_rows_skipped = 0
+        self.confident_drafts = 0  # rows drafted past the threshold on a long match (confident_match)
         self.propose_seconds = 0.0
         self.step_seconds_counts = [0] * (len(STEP_SECONDS_BUCKETS) + 1)  # last: above every bound
         self.last_step_drafted = False
@@ -128,6 +129,7 @@ class SamProposer:
         the step-time histogram's counts per `STEP_SECONDS_BUCKETS` bound, and the current settings."""
         return {"steps": self.steps, "draft_tokens": self.draft_tokens, "accepted_tokens": self.accepted_tokens,
                 "sampled_rows_skipped": self.sampled_rows_skipped, "active_requests": self.active_requests,
+                "confident_match": self.config.confident_match, "confident_drafts": self.confident_drafts,
                 "propose_seconds": self.propose_seconds, "step_seconds_counts": list(self.step_seconds_counts),
                 "last_step_drafted": self.last_step_drafted, "k": self.k, "threshold": self.config.threshold,
                 "draft_range": [list(pair) for pair in self.config.effective_range()],
@@ -191,15 +193,14 @@ class SamProposer:
         if ids:
             proposed = self.drafter.step(ids, new_tokens, self.k)
             if step_allowed:
-                limit = self.gate.draft_limit(running, self.k)
-                for request_id, i, draft in zip(ids, row_of, proposed, strict=True):
-                    room = min(limit, self.max_model_len - int(num_tokens_no_spec[i]) - 1)
-                    if not draft or room <= 0 or not self.gate.allow_request(request_id):
-                        continue
-                    if not self.draft_sampled and not self._greedy(request_id):
-                        self.sampled_rows_skipped += 1
-                        continue
-                    drafts[i] = draft[:room]
+                self._keep(drafts, ids, row_of, proposed, self.gate.draft_limit(running, self.k), num_tokens_no_spec)
+            elif self.config.confident_match and any(proposed):
+                # Past the threshold only drafts with long evidence: a long match is accepted
+                # nearly in full, so it pays even where a step is compute-bound.
+                evidence = self.drafter.last_match_lengths(ids)
+                confident = [draft if match >= self.config.confident_match else []
+                             for draft, match in zip(proposed, evidence, strict=True)]
+                self.confident_drafts += self._keep(drafts, ids, row_of, confident, self.k, num_tokens_no_spec)
         for request_id, i in zip(ids, row_of, strict=True):
             self._last_draft[request_id] = len(drafts[i])
             self.draft_tokens += len(drafts[i])
@@ -213,6 +214,21 @@ class SamProposer:
         self.propose_seconds += elapsed
         self.step_seconds_counts[bisect.bisect_left(STEP_SECONDS_BUCKETS, elapsed)] += 1
         return drafts
+
+    def _keep(self, drafts: list[list[int]], ids: list[str], row_of: list[int], proposed: list[list[int]],
+              limit: int, num_tokens_no_spec: np.ndarray) -> int:
+        """Put the rows' drafts the rules allow into ``drafts`` (cut to ``limit`` and the context); how many."""
+        kept = 0
+        for request_id, i, draft in zip(ids, row_of, proposed, strict=True):
+            room = min(limit, self.max_model_len - int(num_tokens_no_spec[i]) - 1)
+            if not draft or room <= 0 or not self.gate.allow_request(request_id):
+                continue
+            if not self.draft_sampled and not self._greedy(request_id):
+                self.sampled_rows_skipped += 1
+                continue
+            drafts[i] = draft[:room]
+            kept += 1
+        return kept
 
     def _account(self, request_id: str, sampled: int) -> None:
         """The previous draft's outcome: sampled = accepted + 1 bonus token."""
