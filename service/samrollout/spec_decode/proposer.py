@@ -264,10 +264,9 @@ class SamProposer:
             key = self._unjoined.pop(group, None) if group is not None else None
             if key is None or self.history is None:
                 continue
-            for response in self.history.responses(key, exclude=request_id):
-                if not self.drafter.add_to_group(group, response):
-                    break  # the group's token bound: the newest responses come last, so stop here
-                self.history_joined_responses += 1
+            for response in self.history.responses(key, exclude=request_id):  # oldest first: the newest is "recent"
+                if self.drafter.add_to_group(group, response):  # False past the group's token bound: left out
+                    self.history_joined_responses += 1
 
     def _remove(self, request_id: str) -> None:
         if self.history is not None and request_id in self._prompt_key:
