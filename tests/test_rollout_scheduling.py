@@ -44,15 +44,17 @@ def _choices(replies: list[dict[str, Any]]) -> list[list[tuple[list[int], list[f
             for r in replies]
 
 
-async def _until_waiting(client: httpx.AsyncClient, at_least: int, timeout: float = 120.0) -> dict[str, Any]:
-    """Poll /admin/status until ``at_least`` sequences wait for admission; the scheduling status then."""
+async def _until_waiting(client: httpx.AsyncClient, at_least: int, timeout: float = 120.0,
+                         running: int = 0) -> dict[str, Any]:
+    """Poll /admin/status until ``at_least`` sequences wait for admission (and at least ``running`` are
+    admitted: arrivals are counted as waiting before the first admissions); the scheduling status then."""
     deadline = asyncio.get_running_loop().time() + timeout
     while asyncio.get_running_loop().time() < deadline:
         scheduling: dict[str, Any] = (await client.get("/admin/status")).json()["scheduling"]
-        if scheduling["waiting"] >= at_least:
+        if scheduling["waiting"] >= at_least and scheduling["running"] >= running:
             return scheduling
         await asyncio.sleep(0.02)
-    raise AssertionError(f"fewer than {at_least} sequences ever waited within {timeout} s")
+    raise AssertionError(f"fewer than {at_least} sequences ever waited (with {running} running) within {timeout} s")
 
 
 def _status(server: ServerProcess) -> dict[str, Any]:
@@ -118,14 +120,15 @@ def test_streamed_n_request_delivers_every_child_once_under_length_aware(length_
 def test_aborting_a_rollout_ends_its_waiting_sequences_and_the_server_keeps_serving(
         length_aware_server: ServerProcess) -> None:
     rollout = "la-abort"
+    # Sampled (on CPU only greedy requests draft): the first five cannot finish before the pause.
     bodies = [{"model": "tiny", "prompt": [3, g, 5], "max_tokens": 480, "ignore_eos": True, "rollout_id": rollout,
-               "group_id": f"abort-{g}"} for g in range(3 * CAPACITY)]
+               "group_id": f"abort-{g}", "temperature": 1.0, "seed": g} for g in range(3 * CAPACITY)]
 
     async def scenario() -> tuple[list[dict[str, Any]], dict[str, Any]]:
         async with httpx.AsyncClient(base_url=length_aware_server.url, headers=AUTH, timeout=300) as client:
             capacity = (await client.get("/admin/status")).json()["scheduling"]["capacity"]
             posts = [asyncio.create_task(client.post("/v1/completions", json=b)) for b in bodies]
-            await _until_waiting(client, len(bodies) - capacity)
+            await _until_waiting(client, len(bodies) - capacity, running=capacity)
             # frozen while the queue is read and the rollout aborted: a sequence admitted into a
             # slot the abort frees cannot generate a token before its own abort reaches it
             assert (await client.post("/admin/pause", json={"mode": "keep"})).status_code == 200

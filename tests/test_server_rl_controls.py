@@ -116,26 +116,31 @@ def test_client_disconnect_mid_stream_aborts_its_engine_request(tiny_server: Ser
 
 def test_pause_with_abort_counts_the_requests_it_ends_as_aborted(tiny_server: ServerProcess) -> None:
     aborted_before = finished_as_aborted(tiny_server)
-    # Sampled: on CPU only greedy requests draft, so its 480 tokens take 480 engine steps and cannot all
-    # be out before the pause that follows its first streamed chunk, however late that chunk arrives.
+    # Sampled (on CPU only greedy requests draft) and eight others beside it: 480 engine steps at batch 9,
+    # so the stream cannot be over before the pause that follows its first chunk, however late that comes.
     body = completion("cut short", 480, rollout_id="paused-away", stream=True, temperature=1.0, seed=7)
+    others = [completion(f"paused {i}", 480, rollout_id="paused-away", temperature=1.0, seed=i) for i in range(8)]
 
-    async def scenario() -> list[str | None]:
-        async with httpx.AsyncClient(base_url=tiny_server.url, headers=AUTH, timeout=300) as client, \
-                client.stream("POST", "/v1/completions", json=body) as reply:
-            chunks = reply.aiter_lines()
-            async for line in chunks:  # a first token: the request runs in the engine, however fast
-                if line.startswith("data: "):
-                    break
-            assert (await client.post("/admin/pause", json={"mode": "abort"})).status_code == 200
-            await client.post("/admin/resume")
-            return [json.loads(line[6:])["choices"][0]["finish_reason"] async for line in chunks
-                    if line.startswith("data: {")]
+    async def scenario() -> tuple[list[str | None], list[str]]:
+        async with httpx.AsyncClient(base_url=tiny_server.url, headers=AUTH, timeout=300) as client:
+            posts = [asyncio.create_task(client.post("/v1/completions", json=b)) for b in others]
+            async with client.stream("POST", "/v1/completions", json=body) as reply:
+                chunks = reply.aiter_lines()
+                async for line in chunks:  # a first token: the request runs in the engine
+                    if line.startswith("data: "):
+                        break
+                assert (await client.post("/admin/pause", json={"mode": "abort"})).status_code == 200
+                await client.post("/admin/resume")
+                streamed = [json.loads(line[6:])["choices"][0]["finish_reason"] async for line in chunks
+                            if line.startswith("data: {")]
+            return streamed, [(await p).json()["choices"][0]["finish_reason"] for p in posts]
 
-    reasons = asyncio.run(asyncio.wait_for(scenario(), timeout=120))
-    assert [r for r in reasons if r is not None] == ["abort"]
+    streamed, replies = asyncio.run(asyncio.wait_for(scenario(), timeout=240))
+    assert [r for r in streamed if r is not None] == ["abort"]
+    assert set(replies) <= {"abort", "length"}
     wait_until_idle(tiny_server)
-    assert finished_as_aborted(tiny_server) >= aborted_before + 1
+    # each counted (stragglers of other tests that the pause also ended would count too)
+    assert finished_as_aborted(tiny_server) >= aborted_before + 1 + replies.count("abort")
 
 
 def test_burst_of_300_concurrent_requests_completes_with_none_lost(tiny_server: ServerProcess) -> None:
