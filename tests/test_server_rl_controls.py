@@ -118,7 +118,8 @@ def test_pause_with_abort_counts_the_requests_it_ends_as_aborted(tiny_server: Se
     aborted_before = finished_as_aborted(tiny_server)
     # Sampled (on CPU only greedy requests draft) and eight others beside it: 480 engine steps at batch 9,
     # so the stream cannot be over before the pause that follows its first chunk, however late that comes.
-    body = completion("cut short", 480, rollout_id="paused-away", stream=True, temperature=1.0, seed=7)
+    body = completion("cut short", 480, rollout_id="paused-away", stream=True, temperature=1.0, seed=7,
+                      return_token_ids=True)
     others = [completion(f"paused {i}", 480, rollout_id="paused-away", temperature=1.0, seed=i) for i in range(8)]
 
     async def scenario() -> tuple[list[str | None], list[str]]:
@@ -126,8 +127,8 @@ def test_pause_with_abort_counts_the_requests_it_ends_as_aborted(tiny_server: Se
             posts = [asyncio.create_task(client.post("/v1/completions", json=b)) for b in others]
             async with client.stream("POST", "/v1/completions", json=body) as reply:
                 chunks = reply.aiter_lines()
-                async for line in chunks:  # a first token: the request runs in the engine
-                    if line.startswith("data: "):
+                async for line in chunks:  # a generated token (not just a first chunk): it runs in the engine
+                    if line.startswith("data: {") and json.loads(line[6:])["choices"][0].get("token_ids"):
                         break
                 assert (await client.post("/admin/pause", json={"mode": "abort"})).status_code == 200
                 await client.post("/admin/resume")
