@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from samrollout.drafter import DraftPolicy
+from samrollout.drafter import DraftPolicy, check_int
 
 ThresholdMode = Literal["off", "static", "adaptive"]
 SampledMode = Literal["auto", "draft", "skip"]
@@ -88,9 +88,7 @@ class SpeculationConfig:
         if self.draft_range is not None:
             object.__setattr__(self, "draft_range", checked_draft_range(self.draft_range))
         for name, low in (("history_tokens", 0), ("history_responses", 1), ("confident_match", 0)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= 1 << 30:
-                raise ValueError(f"{name} must be an integer between {low} and 2**30, got {value!r}")
+            check_int(name, getattr(self, name), low, 1 << 30)
 
     def effective_range(self) -> tuple[tuple[int, int], ...]:
         """The draft length by batch size in force: ``draft_range``, or k up to the threshold."""

@@ -66,13 +66,13 @@ class DraftPolicy:
         if self.source not in _SOURCES:
             raise ValueError(f"source must be one of {_SOURCES}, got {self.source!r}")
         if self.min_match_length != "auto":
-            _check_int("min_match_length", self.min_match_length, 1, 1 << 30)
-        _check_int("group_margin", self.group_margin, 0, 1 << 30)
+            check_int("min_match_length", self.min_match_length, 1, 1 << 30)
+        check_int("group_margin", self.group_margin, 0, 1 << 30)
         if isinstance(self.match_scale, bool) or not isinstance(self.match_scale, (int, float, np.number)) \
                 or not np.isfinite(self.match_scale) or self.match_scale < 0:
             raise ValueError(f"match_scale must be a finite number >= 0, got {self.match_scale!r}")
-        _check_int("max_request_tokens", self.max_request_tokens, 1, 1 << 30)
-        _check_int("max_group_tokens", self.max_group_tokens, 1, 1 << 30)
+        check_int("max_request_tokens", self.max_request_tokens, 1, 1 << 30)
+        check_int("max_group_tokens", self.max_group_tokens, 1, 1 << 30)
 
     def as_dict(self) -> dict[str, Any]:
         """The policy as plain data (for JSON reports and configs)."""
@@ -94,7 +94,7 @@ class DraftPolicy:
         return replace(self, min_match_length=CPU_MIN_MATCH_LENGTH if on_cpu else ACCELERATOR_MIN_MATCH_LENGTH)
 
 
-def _check_int(name: str, value: Any, low: int, high: int) -> None:
+def check_int(name: str, value: Any, low: int, high: int) -> None:
     """Raise ValueError unless ``value`` is an integer (not a bool or float) in [low, high]."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not low <= value <= high:
         raise ValueError(f"{name} must be an integer between {low} and {high}, got {value!r}")
