@@ -92,7 +92,7 @@ def test_abort_rollout_stops_that_rollout_and_no_other(tiny_server: ServerProces
 def test_client_disconnect_mid_stream_aborts_its_engine_request(tiny_server: ServerProcess) -> None:
     aborted_before = finished_as_aborted(tiny_server)
     # Sampled: on CPU only greedy requests draft, so the stream takes its 480 engine steps.
-    body = completion("disconnect", 480, stream=True, temperature=1.0, seed=3)
+    body = completion("disconnect", 480, stream=True, temperature=1.0, seed=3, return_token_ids=True)
 
     async def scenario() -> None:
         async with httpx.AsyncClient(base_url=tiny_server.url, headers=AUTH, timeout=300) as client:
@@ -104,9 +104,9 @@ def test_client_disconnect_mid_stream_aborts_its_engine_request(tiny_server: Ser
             while running_in_engine(tiny_server) < 12 and time.monotonic() < deadline:
                 await asyncio.sleep(0.02)
             async with client.stream("POST", "/v1/completions", json=body) as reply:
-                async for line in reply.aiter_lines():
-                    if line.startswith("data: "):
-                        break  # one chunk, then hang up
+                async for line in reply.aiter_lines():  # a generated token: it runs in the engine; then hang up
+                    if line.startswith("data: {") and json.loads(line[6:])["choices"][0].get("token_ids"):
+                        break
             await asyncio.gather(*load)
 
     asyncio.run(scenario())
