@@ -15,5 +15,5 @@ export ASAN_OPTIONS="detect_leaks=0:abort_on_error=1"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
 cd "$root"
 python -m pytest -q -p no:cacheprovider tests/test_drafter_matches_oracle.py tests/test_drafter_lifecycle.py \
-  tests/test_draft_history.py \
+  tests/test_draft_history.py tests/test_global_index.py \
   --deselect tests/test_draft_history.py::test_a_second_rollout_of_a_prompt_joins_the_first_rollouts_response_and_keeps_its_output

@@ -119,3 +119,23 @@ def test_past_the_threshold_only_drafts_from_long_matches_are_kept_with_confiden
                for cm in (0, 8)}
     assert results[0].drafted == 0  # twelve rows always run: the threshold of 1 drafts nothing
     assert results[8].accepted > 0.9 * results[8].drafted > 0  # the loops draft, nearly all accepted
+
+
+def test_sam_global_drafts_a_response_from_another_prompts_finished_response(tmp_path, capsys):
+    """Prompts whose responses end in one shared passage (a common derivation): the global index
+    holds it once the first response finishes, and later responses to other prompts draft from it."""
+    rng = np.random.default_rng(1)
+    passage = rng.integers(0, 200, size=200).tolist()
+    traces = tmp_path / "shared.jsonl.gz"
+    with gzip.open(traces, "wt", encoding="utf-8") as handle:
+        for g in range(6):
+            response = rng.integers(0, 200, size=250 * g).tolist() + passage  # 0 finishes first
+            handle.write(json.dumps({"prompt_id": f"p{g}", "prompt_ids": rng.integers(0, 200, size=20).tolist(),
+                                     "response_ids": response}) + "\n")
+    out_json = tmp_path / "r.json"
+    assert main(["replay", "--traces", str(traces), "--drafters", "sam-group,sam-global", "--k", "3",
+                 "--threshold", "off", "--long-context", "", "--oracle-sources", "", "--json", str(out_json)]) == 0
+    (run,) = json.loads(out_json.read_text())["runs"]
+    mal = {d["drafter"]: d["mean_acceptance_length"] for d in run["drafters"]}
+    assert mal["sam-global"] > mal["sam-group"] + 0.15  # 1000 of 4950 tokens are the passage
+    assert "sam-global" in capsys.readouterr().out

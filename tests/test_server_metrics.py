@@ -55,7 +55,8 @@ def test_every_metric_family_is_exported_with_base_units(tiny_server: ServerProc
                    "request_latency_seconds_bucket", "time_to_first_token_seconds_bucket",
                    "time_per_output_token_seconds_bucket", "request_prompt_tokens_bucket",
                    "request_output_tokens_bucket", "requests_finished_total", "generated_tokens_total",
-                   "weight_version_info"):
+                   "weight_version_info", "drafter_source_draft_tokens_total",
+                   "drafter_source_accepted_tokens_total", "drafter_global_tokens"):
         assert f"samrollout_{family}" in names, family
     assert not any(n.endswith("_created") for n in names if n.startswith("samrollout_"))
 
@@ -79,6 +80,9 @@ def test_engine_acceptance_counts_agree_with_what_the_proposer_proposed(tiny_ser
     proposed = drafter["draft_tokens"] - drafter_before["draft_tokens"]
     # Every token the engine accepted was proposed and counted by the proposer, and no more.
     assert accepted == drafter["accepted_tokens"] - drafter_before["accepted_tokens"] > 0
+    # ... and each accepted token is counted once, under the source that drafted it.
+    assert delta("samrollout_drafter_source_accepted_tokens_total") == accepted
+    assert delta("samrollout_drafter_source_draft_tokens_total") == proposed
     # The proposer also drafted after each request's last step, which nobody verifies: at most k per request.
     assert 0 <= proposed - verified <= drafter["k"] * 4
     by_position = [delta(f'samrollout_spec_decode_accepted_tokens_per_position_total{{position="{i}"}}')

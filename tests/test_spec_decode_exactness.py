@@ -87,9 +87,10 @@ def tiny_runs(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple
 
 
 # Seer's long drafts in the tail: 16 drafts while at most 4 requests run, 8 up to 8, and past
-# that rows whose match is 2+ tokens (confident_match: the 12-prompt greedy job starts there).
+# that rows whose match is 2+ tokens (confident_match: the 12-prompt greedy job starts there);
+# with the global index on, so the logprobs job drafts from the greedy job's finished responses.
 SAM_LONG_DRAFTS = {**SAM_DRAFT_MOST, "threshold_mode": "static", "draft_range": [[4, 16], [8, 8]],
-                   "confident_match": 2}
+                   "confident_match": 2, "policy": {"min_match_length": 1, "max_global_tokens": 1 << 20}}
 LONG_DRAFT_JOBS = [job for job in TINY_JOBS if job["name"] in ("greedy", "repetitive", "explicit_group", "logprobs")]
 
 
@@ -140,6 +141,14 @@ def test_long_draft_logprobs_are_the_target_models_and_long_drafts_were_accepted
     assert len(per_position) == 16 and sum(per_position[8:]) > 0  # drafts past 8 ran and were accepted
     assert long_draft_run["proposer"]["draft_range"] == [[4, 16], [8, 8]]
     assert long_draft_run["proposer"]["confident_drafts"] > 0  # rows drafted past the range, on long matches
+
+
+def test_the_global_index_drafts_from_earlier_responses_and_its_drafts_are_accepted(long_draft_run):
+    sources = long_draft_run["proposer"]["sources"]
+    assert sources["global"]["draft_tokens"] > 0 and sources["global"]["accepted_tokens"] > 0
+    assert sources["own"]["accepted_tokens"] > 0
+    assert sum(s["draft_tokens"] for s in sources.values()) == long_draft_run["proposer"]["draft_tokens"]
+    assert 0 < long_draft_run["proposer"]["global_tokens"] <= 1 << 20
 
 
 def test_sampled_n_children_complete_with_sam(tiny_runs):

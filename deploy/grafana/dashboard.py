@@ -147,6 +147,13 @@ PANELS: list[Panel] = [
               "[$__rate_interval]))", "position {{position}}"),
     ), SPECULATION, min=0, max=1,
         description="Accepted / drafted at each position of the draft (position 0 is the first drafted token)."),
+    Panel("Acceptance rate by draft source", "percentunit", (
+        Query("sum by (source) (rate(samrollout_drafter_source_accepted_tokens_total[$__rate_interval]))"
+              " / sum by (source) (rate(samrollout_drafter_source_draft_tokens_total[$__rate_interval]))",
+              "{{source}}"),
+    ), SPECULATION, min=0, max=1,
+        description="Accepted / drafted tokens by where the draft came from: the request's own automaton, its "
+                    "group's (siblings and earlier rollouts), the global index (when on)."),
     Panel("Output tokens/s, speculation on vs off", "suffix: tok/s", (
         Query(f"sum({TOKENS_BY_INSTANCE} * on (instance) {ACTIVE_SHARE})", "speculation on"),
         Query(f"sum({TOKENS_BY_INSTANCE} * on (instance) (1 - {ACTIVE_SHARE}))", "speculation off"),

@@ -116,6 +116,80 @@ class Automaton {
     return 0;
   }
 
+  // Adds a whole string (a finished response) as a new member; returns its string id.
+  // Used by the global index, whose automaton has an empty prompt.
+  int32_t add_string(const int32_t* tokens, std::size_t count) {
+    const int32_t sid = add_member();
+    for (std::size_t i = 0; i < count; ++i) append(sid, tokens[i]);
+    return sid;
+  }
+
+  // The longest suffix of `window` that occurs in the automaton (for a string that is not
+  // a member: a running request looked up in the global index).  O(count) amortized.
+  Match find(const int32_t* window, std::size_t count) const {
+    int32_t state = 0;
+    int32_t length = 0;
+    for (std::size_t i = 0; i < count; ++i) {
+      int32_t target = next(state, window[i]);
+      while (target == -1 && state != 0) {
+        state = states_[state].link;
+        length = states_[state].len;
+        target = next(state, window[i]);
+      }
+      if (target == -1) {
+        length = 0;  // the token occurs nowhere: start again at the root
+      } else {
+        state = target;
+        length += 1;
+      }
+    }
+    Match match;
+    match.state = length > 0 ? state : 0;
+    match.length = length;
+    match.anchor = occurrence_ == Occurrence::kFirst ? states_[match.state].first : states_[match.state].recent;
+    return match;
+  }
+
+  // Writes up to `limit` tokens that followed `match` (from `find`) into `out`; returns how
+  // many, with the length of the match they come from (shorter matches are tried, at most
+  // `kMaxFallbackHops` suffix links up, where an occurrence ends with its string).
+  int32_t continuation_of(const Match& match, int32_t limit, int32_t* out, int32_t* match_length) const {
+    int32_t state = match.state;
+    Position anchor = match.anchor;
+    int32_t length = match.length;
+    for (int hop = 0; state > 0 && hop <= kMaxFallbackHops; ++hop) {
+      const int32_t available =
+          anchor.sid < 0 ? 0 : static_cast<int32_t>(length_of(anchor.sid)) - 1 - anchor.pos;
+      if (available > 0) {
+        const int32_t n = available < limit ? available : limit;
+        for (int32_t i = 0; i < n; ++i) out[i] = token_at(anchor.sid, anchor.pos + 1 + i);
+        *match_length = length;
+        return n;
+      }
+      state = states_[state].link;
+      length = states_[state].len;
+      anchor = states_[state].first;
+    }
+    *match_length = 0;
+    return 0;
+  }
+
+  // Copies the last at most `limit` tokens of member `sid`'s string (prompt included) to
+  // `out`; returns how many.
+  int32_t tail(int32_t sid, int32_t limit, int32_t* out) const {
+    const auto total = static_cast<int64_t>(length(sid));
+    const int64_t n = total < limit ? total : limit;
+    for (int64_t i = 0; i < n; ++i) out[i] = token_at(sid, static_cast<int32_t>(total - n + i));
+    return static_cast<int32_t>(n);
+  }
+
+  // Tokens indexed: the prompt once plus every member's response.
+  int64_t num_tokens() const {
+    int64_t total = static_cast<int64_t>(prompt_.size());
+    for (const Member& m : members_) total += static_cast<int64_t>(m.tokens.size());
+    return total;
+  }
+
   std::size_t memory_bytes() const {
     std::size_t bytes = prompt_.capacity() * sizeof(int32_t) + edges_.memory_bytes() +
                         states_.capacity() * sizeof(State) +

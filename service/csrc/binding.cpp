@@ -111,7 +111,7 @@ NB_MODULE(_sam_core, m) {
           "__init__",
           [](Drafter* self, int32_t vocab_size, int32_t min_match_length, double match_scale,
              int32_t occurrence, int32_t source, int32_t group_margin, int64_t max_request_tokens,
-             int64_t max_group_tokens) {
+             int64_t max_group_tokens, int64_t max_global_tokens, int32_t global_margin) {
             samrollout::DraftPolicy policy;
             policy.vocab_size = vocab_size;
             policy.min_match_length = min_match_length;
@@ -121,10 +121,12 @@ NB_MODULE(_sam_core, m) {
             policy.group_margin = group_margin;
             policy.max_request_tokens = max_request_tokens;
             policy.max_group_tokens = max_group_tokens;
+            policy.max_global_tokens = max_global_tokens;
+            policy.global_margin = global_margin;
             new (self) Drafter(policy);
           },
           "vocab_size"_a, "min_match_length"_a, "match_scale"_a, "occurrence"_a, "source"_a, "group_margin"_a,
-          "max_request_tokens"_a, "max_group_tokens"_a)
+          "max_request_tokens"_a, "max_group_tokens"_a, "max_global_tokens"_a = 0, "global_margin"_a = 4)
       .def(
           "add_request",
           [](Drafter& d, int64_t request, TokenArray prompt, int64_t group) {
@@ -216,6 +218,21 @@ NB_MODULE(_sam_core, m) {
             return out;
           },
           "requests"_a)
+      .def(
+          "last_sources",
+          [](const Drafter& d, nb::handle requests) {
+            std::vector<int64_t> handles;
+            read_ints(requests.ptr(), handles, "requests must be a sequence of handles");
+            std::vector<int32_t> sources(handles.size());
+            {
+              nb::gil_scoped_release release;
+              d.last_sources(handles.data(), handles.size(), sources.data());
+            }
+            nb::list out;
+            for (int32_t source : sources) out.append(source);
+            return out;
+          },
+          "requests"_a)
       .def("has_request", &Drafter::has_request, "request"_a)
       .def(
           "info",
@@ -232,5 +249,6 @@ NB_MODULE(_sam_core, m) {
           "request"_a)
       .def_prop_ro("num_requests", &Drafter::num_requests)
       .def_prop_ro("num_groups", &Drafter::num_groups)
+      .def_prop_ro("global_tokens", &Drafter::global_tokens)
       .def("memory_bytes", &Drafter::memory_bytes);
 }

@@ -13,6 +13,47 @@ namespace {
 
 }  // namespace
 
+GlobalIndex::GlobalIndex(int64_t max_tokens, Occurrence occurrence)
+    : generation_tokens_(max_tokens / 2), occurrence_(occurrence),
+      newer_(std::make_unique<Automaton>(occurrence)) {
+  newer_->set_prompt(nullptr, 0);
+}
+
+bool GlobalIndex::add(const int32_t* tokens, std::size_t count) {
+  const auto length = static_cast<int64_t>(count);
+  if (length == 0 || length > generation_tokens_) return false;
+  if (newer_tokens_ + length > generation_tokens_) {
+    older_ = std::move(newer_);
+    older_tokens_ = newer_tokens_;
+    newer_ = std::make_unique<Automaton>(occurrence_);
+    newer_->set_prompt(nullptr, 0);
+    newer_tokens_ = 0;
+  }
+  newer_->add_string(tokens, count);
+  newer_tokens_ += length;
+  return true;
+}
+
+int32_t GlobalIndex::propose(const int32_t* window, std::size_t count, int32_t limit, int32_t* out,
+                             int32_t* match_length) const {
+  int32_t n = newer_->continuation_of(newer_->find(window, count), limit, out, match_length);
+  if (older_) {
+    int32_t older_draft[Drafter::kMaxDraftTokens];
+    int32_t older_match = 0;
+    const int32_t m = older_->continuation_of(older_->find(window, count), limit, older_draft, &older_match);
+    if (m > 0 && (n == 0 || older_match > *match_length)) {  // the newer wins ties
+      std::copy(older_draft, older_draft + m, out);
+      *match_length = older_match;
+      n = m;
+    }
+  }
+  return n;
+}
+
+std::size_t GlobalIndex::memory_bytes() const {
+  return newer_->memory_bytes() + (older_ ? older_->memory_bytes() : 0);
+}
+
 Drafter::Drafter(const DraftPolicy& policy) : policy_(policy) {
   if (policy.vocab_size <= 0) fail("vocab_size must be positive");
   if (policy.min_match_length < 1) fail("min_match_length must be at least 1");
@@ -32,6 +73,13 @@ Drafter::Drafter(const DraftPolicy& policy) : policy_(policy) {
   }
   if (policy.max_request_tokens > (int64_t{1} << 30) || policy.max_group_tokens > (int64_t{1} << 30)) {
     fail("token limits must be at most 2**30 (positions are 32-bit)");
+  }
+  if (policy.max_global_tokens < 0 || policy.max_global_tokens > (int64_t{1} << 30)) {
+    fail("max_global_tokens must be between 0 and 2**30");
+  }
+  if (policy.global_margin < 0) fail("global_margin must be >= 0");
+  if (policy.max_global_tokens > 0) {
+    global_ = std::make_unique<GlobalIndex>(policy.max_global_tokens, policy.occurrence);
   }
 }
 
@@ -161,12 +209,39 @@ int32_t Drafter::propose_locked(const Request& r, int32_t k, int32_t* out) const
   const bool use_group =
       group_count > 0 && (own_count == 0 || group_match > own_match + policy_.group_margin);
   const int32_t* source = use_group ? group_draft : own_draft;
-  const int32_t match = use_group ? group_match : own_match;
-  const int32_t available = use_group ? group_count : own_count;
+  int32_t match = use_group ? group_match : own_match;
+  int32_t available = use_group ? group_count : own_count;
+  int32_t which = static_cast<int32_t>(use_group ? DraftSource::kGroup : DraftSource::kOwn);
+
+  // The global index is asked only where its match (at most kWindow long) could win.
+  int32_t global_draft[kMaxDraftTokens];
+  if (global_ && (available == 0 || match + policy_.global_margin < GlobalIndex::kWindow)) {
+    int32_t window[GlobalIndex::kWindow];
+    const int32_t w = tail_locked(r, GlobalIndex::kWindow, window);
+    int32_t global_match = 0;
+    const int32_t global_count = global_->propose(window, static_cast<std::size_t>(w), k, global_draft,
+                                                  &global_match);
+    if (global_count > 0 && (available == 0 || global_match > match + policy_.global_margin)) {
+      source = global_draft;
+      match = global_match;
+      available = global_count;
+      which = static_cast<int32_t>(DraftSource::kGlobal);
+    }
+  }
   const int32_t n = std::min(available, draft_length(match, k));
   std::copy(source, source + n, out);
   r.last_match = n > 0 ? match : 0;
+  r.last_source = n > 0 ? which : -1;
   return n;
+}
+
+int32_t Drafter::tail_locked(const Request& r, int32_t limit, int32_t* out) const {
+  if (r.own && !r.own_overflow) return r.own->tail(1, limit, out);
+  if (r.group >= 0) {
+    const Group& g = groups_.at(r.group);
+    if (!g.overflow) return g.automaton->tail(r.group_sid, limit, out);
+  }
+  return 0;
 }
 
 int32_t Drafter::propose(int64_t request, int32_t k, int32_t* out) {
@@ -207,6 +282,10 @@ void Drafter::remove_request(int64_t request) {
   auto it = requests_.find(request);
   if (it == requests_.end()) throw std::out_of_range("unknown request id " + std::to_string(request));
   const int64_t group = it->second.group;
+  if (global_) {  // its response drafts for every later request
+    const std::vector<int32_t> tokens = response_locked(it->second);
+    global_->add(tokens.data(), tokens.size());
+  }
   requests_.erase(it);
   if (group >= 0) {
     auto g = groups_.find(group);
@@ -229,7 +308,10 @@ bool Drafter::add_to_group(int64_t group, const int32_t* tokens, std::size_t cou
 
 std::vector<int32_t> Drafter::response(int64_t request) const {
   std::lock_guard<std::mutex> lock(mutex_);
-  const Request& r = find(request);
+  return response_locked(find(request));
+}
+
+std::vector<int32_t> Drafter::response_locked(const Request& r) const {
   if (r.own && !r.own_overflow) return r.own->response(1);
   if (r.group >= 0) {
     const Group& g = groups_.at(r.group);
@@ -241,6 +323,11 @@ std::vector<int32_t> Drafter::response(int64_t request) const {
 void Drafter::last_match_lengths(const int64_t* requests, std::size_t count, int32_t* out) const {
   std::lock_guard<std::mutex> lock(mutex_);
   for (std::size_t i = 0; i < count; ++i) out[i] = find(requests[i]).last_match;
+}
+
+void Drafter::last_sources(const int64_t* requests, std::size_t count, int32_t* out) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (std::size_t i = 0; i < count; ++i) out[i] = find(requests[i]).last_source;
 }
 
 bool Drafter::has_request(int64_t request) const {
@@ -283,7 +370,13 @@ std::size_t Drafter::memory_bytes() const {
   for (const auto& [id, g] : groups_) {
     if (g.automaton) total += g.automaton->memory_bytes();
   }
+  if (global_) total += global_->memory_bytes();
   return total;
+}
+
+int64_t Drafter::global_tokens() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return global_ ? global_->tokens() : 0;
 }
 
 }  // namespace samrollout

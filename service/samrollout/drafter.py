@@ -21,6 +21,9 @@ Occurrence = Literal["first", "recent"]
 Source = Literal["own", "group", "both"]
 _OCCURRENCES: tuple[Occurrence, ...] = ("first", "recent")
 _SOURCES: tuple[Source, ...] = ("own", "group", "both")
+DraftSourceName = Literal["own", "group", "global"]
+# Where a draft comes from, in the native core's order (DraftSource in service/csrc/drafter.hpp).
+DRAFT_SOURCES: tuple[DraftSourceName, ...] = ("own", "group", "global")
 # What min_match_length="auto" becomes (see DraftPolicy): verifying drafts is compute-bound on CPUs.
 CPU_MIN_MATCH_LENGTH = 2
 ACCELERATOR_MIN_MATCH_LENGTH = 1
@@ -50,6 +53,14 @@ class DraftPolicy:
       itself better than a sibling with a slightly longer match does).
     - ``max_request_tokens`` / ``max_group_tokens``: hard bounds on indexed tokens; past
       them the automaton is freed and that source proposes nothing (graceful fallback).
+    - ``max_global_tokens``: a global index of finished responses to every prompt (like
+      SuffixDecoding's global cache), bounded to this many tokens in two generations (the
+      newest responses are kept; about 140 bytes per token); 0 (default) turns it off.  A
+      running request is looked up by its last 32 tokens, only where its own and group
+      match is short; the global draft wins when its match is longer than theirs by more
+      than ``global_margin`` (4 measured best of 0/4/16/31).  Off by default because it
+      gained under 1% of tail MAL on real reasoning traces (`bench/results/replay-global-*`):
+      the group and the cross-epoch history already hold the text that predicts a response.
     """
 
     occurrence: Occurrence = "recent"
@@ -59,6 +70,8 @@ class DraftPolicy:
     group_margin: int = 4
     max_request_tokens: int = 1 << 22
     max_group_tokens: int = 1 << 24
+    max_global_tokens: int = 0
+    global_margin: int = 4
 
     def __post_init__(self) -> None:
         if self.occurrence not in _OCCURRENCES:
@@ -73,6 +86,8 @@ class DraftPolicy:
             raise ValueError(f"match_scale must be a finite number >= 0, got {self.match_scale!r}")
         check_int("max_request_tokens", self.max_request_tokens, 1, 1 << 30)
         check_int("max_group_tokens", self.max_group_tokens, 1, 1 << 30)
+        check_int("max_global_tokens", self.max_global_tokens, 0, 1 << 30)
+        check_int("global_margin", self.global_margin, 0, 1 << 30)
 
     def as_dict(self) -> dict[str, Any]:
         """The policy as plain data (for JSON reports and configs)."""
@@ -123,6 +138,8 @@ class SamDrafter:
             group_margin=int(self.policy.group_margin),
             max_request_tokens=int(self.policy.max_request_tokens),
             max_group_tokens=int(self.policy.max_group_tokens),
+            max_global_tokens=int(self.policy.max_global_tokens),
+            global_margin=int(self.policy.global_margin),
         )
         self._handles: dict[Hashable, int] = {}
         self._request_group: dict[int, Hashable] = {}
@@ -170,6 +187,11 @@ class SamDrafter:
         """The request's response so far, as indexed (empty when its automata overflowed)."""
         tokens: Int32Array = self._core.response(self._handle(request_id))
         return tokens
+
+    def last_sources(self, request_ids: Sequence[Hashable]) -> list[DraftSourceName | None]:
+        """Where each request's last draft came from ("own", "group", "global"; None: it drafted nothing)."""
+        codes: list[int] = self._core.last_sources([self._handle(r) for r in request_ids])
+        return [DRAFT_SOURCES[code] if code >= 0 else None for code in codes]
 
     def last_match_lengths(self, request_ids: Sequence[Hashable]) -> list[int]:
         """The match length behind each request's last draft (0 where it drafted nothing): its evidence."""
@@ -229,8 +251,13 @@ class SamDrafter:
         return int(self._core.num_groups)
 
     def memory_bytes(self) -> int:
-        """Bytes held by all automata (tokens, states, transitions)."""
+        """Bytes held by all automata (tokens, states, transitions), the global index included."""
         return int(self._core.memory_bytes())
+
+    @property
+    def global_tokens(self) -> int:
+        """Tokens of finished responses held by the global index (0 when it is off)."""
+        return int(self._core.global_tokens)
 
     def has_group(self, group: Hashable) -> bool:
         """Whether ``group`` has a live member (its automaton exists)."""

@@ -41,6 +41,8 @@ SPECULATION_K = Gauge(f"{P}speculation_k", "Draft tokens per step (k)")
 DRAFTER_ACTIVE_REQUESTS = Gauge(f"{P}drafter_active_requests", "Requests whose automata the drafter holds")
 DRAFTER_HISTORY_TOKENS = Gauge(f"{P}drafter_history_tokens",
                                "Response tokens of earlier rollouts kept as drafting text (cross-epoch history)")
+DRAFTER_GLOBAL_TOKENS = Gauge(f"{P}drafter_global_tokens",
+                              "Finished responses' tokens held by the global index (DraftPolicy.max_global_tokens)")
 
 # Serving, from vLLM's SchedulerStats and IterationStats.
 REQUESTS_RUNNING = Gauge(f"{P}requests_running", "Requests the engine is running")

@@ -19,7 +19,8 @@ from samrollout.spec_decode.proposer import STEP_SECONDS_BUCKETS
 
 
 class DrafterCollector(Collector):
-    """Exports ``samrollout_drafter_step_seconds`` from the last snapshot of the proposer's stats."""
+    """Exports ``samrollout_drafter_step_seconds`` and the per-source draft counters from the last snapshot
+    of the proposer's stats."""
 
     def __init__(self) -> None:
         self.snapshot: dict[str, Any] = {}
@@ -35,10 +36,25 @@ class DrafterCollector(Collector):
         m.SPECULATION_K.set(stats.get("k", 0))
         m.DRAFTER_ACTIVE_REQUESTS.set(stats.get("active_requests", 0))
         m.DRAFTER_HISTORY_TOKENS.set((stats.get("history") or {}).get("tokens", 0))
+        m.DRAFTER_GLOBAL_TOKENS.set(stats.get("global_tokens", 0))
 
     def collect(self) -> Iterator[HistogramMetricFamily | CounterMetricFamily]:
         """The histogram, cumulative over the proposer's bucket counts (nothing before the first snapshot),
-        and the count of earlier responses that joined group automata (with the history on)."""
+        draft tokens proposed and accepted per source, and the count of earlier responses that joined
+        group automata (with the history on)."""
+        sources = self.snapshot.get("sources")
+        if sources:
+            drafted = CounterMetricFamily(f"{m.P}drafter_source_draft_tokens",
+                                          "Draft tokens proposed to the engine, by source (own, group, global)",
+                                          labels=["source"])
+            accepted = CounterMetricFamily(f"{m.P}drafter_source_accepted_tokens",
+                                           "Draft tokens the engine accepted, by the source that drafted them",
+                                           labels=["source"])
+            for source, counts in sources.items():
+                drafted.add_metric([source], counts.get("draft_tokens", 0))
+                accepted.add_metric([source], counts.get("accepted_tokens", 0))
+            yield drafted
+            yield accepted
         history = self.snapshot.get("history")
         if history:
             yield CounterMetricFamily(f"{m.P}drafter_history_joined_responses",

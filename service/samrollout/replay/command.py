@@ -105,6 +105,11 @@ def add_replay_parser(commands: Any) -> None:
                         help='shortest match that drafts, or "auto" (1: the engine on GPUs and NPUs)')
     policy.add_argument("--match-scale", type=float, default=defaults.match_scale)
     policy.add_argument("--source", choices=["own", "group", "both"], default=defaults.source)
+    policy.add_argument("--global-tokens", type=int, default=defaults.max_global_tokens, metavar="N",
+                        help="the global index of finished responses (max_global_tokens) for every SAM drafter; "
+                             "sam-global uses 2**22 when this is 0 (default: the engine's, 0)")
+    policy.add_argument("--global-margin", type=int, default=defaults.global_margin, metavar="TOKENS",
+                        help="a global draft wins when its match is longer than own/group's by more than this")
     p.set_defaults(run=run)
 
 
@@ -163,7 +168,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         where = [parse_where(w) for w in args.where]
         policy = DraftPolicy(occurrence=args.occurrence, min_match_length=args.min_match,
-                             match_scale=args.match_scale, source=args.source).for_hardware(on_cpu=False)
+                             match_scale=args.match_scale, source=args.source,
+                             max_global_tokens=args.global_tokens,
+                             global_margin=args.global_margin).for_hardware(on_cpu=False)
         if ORACLE in drafters:
             raise ValueError("the oracle is not a drafter you can pick: it is its own row (--oracle-sources)")
         files = {path: load_traces(path, args.tokenizer, args.max_groups) for path in paths}

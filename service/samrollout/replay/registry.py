@@ -29,7 +29,7 @@ from samrollout.replay.protocol import ReplayDrafter
 
 DEFAULT_DRAFTERS = ("sam", "sam-group", "sam-ref", "ngram", "suffix", "suffix-cache")
 # Ours: these follow the engine's static threshold (the published design, sam-ref, included).
-OURS = ("sam", "sam-group", "sam-history", "sam-ref")
+OURS = ("sam", "sam-group", "sam-history", "sam-global", "sam-ref")
 ORACLE = "oracle"
 # The oracle's own sources: the request's own automaton and its group's (the two a sam-group row picks from).
 OWN_SOURCES = ("own", "group")
@@ -38,6 +38,8 @@ VLLM_SUFFIX_DEFAULT_K = 24  # vLLM: num_speculative_tokens defaults to suffix_de
 ENGINE = SpeculationConfig()
 # sam-history keeps this many tokens of earlier responses (the engine's default, when off there: 2**24).
 REPLAY_HISTORY_TOKENS = ENGINE.history_tokens or 1 << 24
+# sam-global's global index of finished responses: the engine's bound, or this when it is off there.
+REPLAY_GLOBAL_TOKENS = ENGINE.policy.max_global_tokens or 1 << 22
 
 
 def engine_k(name: str) -> int:
@@ -68,6 +70,13 @@ def make_drafter(name: str, vocab_size: int, policy: DraftPolicy | None = None,
         return SamReplayDrafter("sam-history", vocab_size, policy, group=True,
                                 history=ResponseHistory(REPLAY_HISTORY_TOKENS, ENGINE.history_responses),
                                 confident_match=confident_match)
+    if name == "sam-global":
+        policy = policy or DraftPolicy()
+        if not policy.max_global_tokens:
+            policy = replace(policy, max_global_tokens=REPLAY_GLOBAL_TOKENS)
+        return SamReplayDrafter("sam-global", vocab_size, policy, group=True,
+                                history=ResponseHistory(REPLAY_HISTORY_TOKENS, ENGINE.history_responses),
+                                confident_match=confident_match)
     if name == "sam-ref":
         return SamRefDrafter()
     if name == "ngram":
@@ -81,7 +90,7 @@ def make_drafter(name: str, vocab_size: int, policy: DraftPolicy | None = None,
         if reason is not None:
             raise RuntimeError(f"{name}: {reason}")
         return SuffixDrafter(global_cache=name == "suffix-cache")
-    raise ValueError(f"unknown drafter {name!r}; known: {', '.join([*DEFAULT_DRAFTERS, 'sam-history'])}")
+    raise ValueError(f"unknown drafter {name!r}; known: {', '.join([*DEFAULT_DRAFTERS, 'sam-history', 'sam-global'])}")
 
 
 def make_source(name: str, vocab_size: int, policy: DraftPolicy | None = None) -> ReplayDrafter:

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from samrollout.config import ADDITIONAL_CONFIG_KEY, GROUP_FIELD, SpeculationConfig
-from samrollout.drafter import SamDrafter
+from samrollout.drafter import DRAFT_SOURCES, DraftSourceName, SamDrafter
 from samrollout.history import ResponseHistory, prompt_key
 from samrollout.spec_decode.gate import Gate, make_gate
 from samrollout.spec_decode.schedule import dense_from_range, dense_schedule
@@ -104,6 +104,10 @@ class SamProposer:
         self._unjoined: dict[str, bytes] = {}    # live groups whose history has not joined yet
         self.history_joined_responses = 0
         self._last_draft: dict[str, int] = {}    # length of each request's previous draft
+        self._last_source: dict[str, DraftSourceName] = {}  # and where it came from
+        # Draft tokens proposed (kept) and accepted, by source: own automaton, group's, global index.
+        self.source_draft_tokens: dict[DraftSourceName, int] = dict.fromkeys(DRAFT_SOURCES, 0)
+        self.source_accepted_tokens: dict[DraftSourceName, int] = dict.fromkeys(DRAFT_SOURCES, 0)
         self._last_call: float | None = None
         # Counters for metrics and tests: what we proposed, what came back accepted.
         self.steps = 0
@@ -138,6 +142,10 @@ class SamProposer:
                 "steps_by_batch_size": _by_batch_size(self.steps_by_batch_size),
                 "drafting_steps_by_batch_size": _by_batch_size(self.drafting_steps_by_batch_size),
                 "gate": self.gate.summary(),
+                "sources": {source: {"draft_tokens": self.source_draft_tokens[source],
+                                     "accepted_tokens": self.source_accepted_tokens[source]}
+                            for source in DRAFT_SOURCES},
+                "global_tokens": self.drafter.global_tokens,
                 "history": None if self.history is None else {
                     "tokens": self.history.tokens, "prompts": self.history.prompts,
                     "max_tokens": self.history.max_tokens, "responses_per_prompt": self.history.responses_per_prompt,
@@ -201,9 +209,15 @@ class SamProposer:
                 confident = [draft if match >= self.config.confident_match else []
                              for draft, match in zip(proposed, evidence, strict=True)]
                 self.confident_drafts += self._keep(drafts, ids, row_of, confident, self.k, num_tokens_no_spec)
+        drafted_rows = [(request_id, i) for request_id, i in zip(ids, row_of, strict=True) if drafts[i]]
+        sources = self.drafter.last_sources([request_id for request_id, _ in drafted_rows]) if drafted_rows else []
         for request_id, i in zip(ids, row_of, strict=True):
             self._last_draft[request_id] = len(drafts[i])
             self.draft_tokens += len(drafts[i])
+        for (request_id, i), source in zip(drafted_rows, sources, strict=True):
+            if source is not None:
+                self._last_source[request_id] = source
+                self.source_draft_tokens[source] += len(drafts[i])
         self.steps += 1
         self.last_step_drafted = any(drafts)
         self.steps_by_batch_size[running] += 1
@@ -236,6 +250,9 @@ class SamProposer:
         if drafted:
             accepted = min(sampled - 1, drafted)
             self.accepted_tokens += accepted
+            source = self._last_source.get(request_id)
+            if source is not None:
+                self.source_accepted_tokens[source] += accepted
             self.gate.observe_request(request_id, drafted, accepted)
 
     def _greedy(self, request_id: str) -> bool:
@@ -277,6 +294,7 @@ class SamProposer:
             self._unjoined.pop(group, None)
         self._indexed.pop(request_id, None)
         self._last_draft.pop(request_id, None)
+        self._last_source.pop(request_id, None)
 
     def _forget_departed(self, present: set[str]) -> None:
         """Free requests that left the batch (finished, aborted or preempted)."""
@@ -286,11 +304,11 @@ class SamProposer:
         self.gate.forget(departed)
 
     def reset(self) -> None:
-        """Drop every automaton and what the gate learned (the policy's weights changed); the history of
-        earlier responses stays (they are only drafts), and takes the live requests' text so far."""
+        """Drop every request's automaton and what the gate learned (the policy's weights changed); the
+        history of earlier responses and the global index stay (they are only drafts), and take the live
+        requests' text so far."""
         for request_id in list(self._indexed):
             self._remove(request_id)
-        self.drafter = SamDrafter(self.drafter.vocab_size, self.policy)
         self.gate = make_gate(self.config, self.schedule)
         self._last_call = None
 
