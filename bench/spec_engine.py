@@ -17,8 +17,10 @@ The adaptive mode also reports what its gate measured per batch-size bucket.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -157,6 +159,18 @@ def run_mode(mode: str, args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+def run_child(cmd: list[str]) -> None:
+    """Run one mode in its own process group, and kill the whole group however this ends: vLLM's
+    EngineCore and worker processes outlive a killed child otherwise (holding gigabytes)."""
+    child = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        if child.wait() != 0:
+            raise subprocess.CalledProcessError(child.returncode, cmd)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(child.pid, signal.SIGKILL)
+
+
 def main() -> None:
     """Run every mode in a child process, then print the table and write JSON / plot."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -185,7 +199,7 @@ def main() -> None:
         for mode in modes:
             path = Path(f"/tmp/spec_engine_{os.getpid()}_{mode}.json")
             cmd = [sys.executable, __file__, "--child", f"{mode}:{path}", *sys.argv[1:]]
-            subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            run_child(cmd)
             runs[mode].append(json.loads(path.read_text()))
             path.unlink()
             print(f"done: round {round_index + 1}/{args.repeats} {mode}", flush=True)
