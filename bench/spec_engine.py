@@ -193,6 +193,8 @@ def main() -> None:
         mode, path = args.child.split(":", 1)
         Path(path).write_text(json.dumps(run_mode(mode, args)))
         return
+    # A SIGTERM (pkill) unwinds like Ctrl-C does, so run_child still kills the mode's process group.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     modes = args.modes.split(",")
     runs: dict[str, list[dict[str, Any]]] = {mode: [] for mode in modes}
     for round_index in range(args.repeats):
