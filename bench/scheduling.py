@@ -20,7 +20,15 @@ Modes (servers started once, then every round runs every mode in a rotated order
 - ``2x-least-outstanding``, ``2x-predicted-work``: two length-aware + SAM servers with half the
   slots each; groups placed as the client does (`samrollout_client.placement`): alternately
   (least outstanding, all groups start at once) or longest predicted first onto the least
-  loaded, predicted from the client's history of earlier rounds.
+  loaded, predicted from the client's history of earlier rounds;
+- ``2x-divided``: predicted-work placement plus divided rollout (the client's
+  ``divide_after_tokens``, ``--divide-after-tokens``): a response whose current piece has that
+  many tokens moves to the other server when the client's rule finds room for it there
+  (`samrollout_client.divided.has_room`), continuing from its prompt and generated token
+  ids.  Each piece is streamed by the client's own `stream_piece` (rule, clean cuts,
+  continuation requests, counts); only the loop over pieces is the benchmark's, which hangs
+  up at the response's length (the client cannot: it does not know the lengths) and does
+  not retry.  Moves are counted per round.
 
 Round 1 is cold for length-aware (no history of these prompts); later rounds are warm,
 as RL epochs revisit prompts.  Reported per mode: median makespan over rounds, each round's
@@ -51,7 +59,7 @@ sys.path.insert(0, str(HERE.parent / "tests"))  # server_process: start/stop ser
 sys.path.insert(0, str(HERE.parent / "clients"))
 TRACES = HERE.parent.parent / "shared" / "data" / "reasoning-traces" / "skyt1-ckpt-aime24.jsonl.gz"
 SINGLE = ("fcfs", "length-aware", "fcfs+sam", "length-aware+sam")
-PAIRED = ("2x-least-outstanding", "2x-predicted-work")
+PAIRED = ("2x-least-outstanding", "2x-predicted-work", "2x-divided")
 
 
 @dataclass(frozen=True)
@@ -124,6 +132,56 @@ async def run_rollout(urls: list[str], placement: list[int], workload: list[Resp
                                                "rollout_id": rollout}, r.length, t0)) for r in workload]
         times = await asyncio.gather(*tasks)
     return {"makespan_s": max(t["end"] for t in times), "times": times}
+
+
+async def _stream_divided(client: httpx.AsyncClient, endpoints: list[Any], home: Any, body: dict[str, Any],
+                          length: int, t0: float, divide_after_tokens: int) -> dict[str, float]:
+    """Stream one response as the client's divided rollout does, hanging up at ``length`` tokens.
+
+    ``endpoints`` are the client's `Endpoint` objects, whose counts the client's rule reads
+    (``home``'s outstanding count already holds this response).  Each piece is streamed by
+    the client's own `stream_piece`; the loop over pieces is the client's without retries.
+    """
+    from samrollout_client import divided
+
+    def refused(reply: httpx.Response) -> None:
+        raise RuntimeError(f"{reply.url}: {reply.status_code} {reply.text[:300]}")
+
+    sample = divided.DividedSample(max_tokens=int(body["max_tokens"]), want_logprobs=False)
+    base = {**body, "logprobs": 0, "return_token_ids": True}  # as the client sends: logprobs tell clean cuts
+    endpoint = home
+    while True:
+        sample.start_piece(endpoint.url)
+        target = await divided.stream_piece(client, endpoint, sample.body(base, body.get("seed")), sample,
+                                            endpoints, divide_after_tokens, refused, hang_up_at=length)
+        if target is None:
+            end = time.monotonic() - t0
+            first = sample.first_token_at - t0 if sample.first_token_at is not None else end
+            return {"first": first, "end": end, "tokens": min(len(sample.token_ids), length),
+                    "moves": sample.load_moves}
+        sample.load_moves += 1
+        endpoint = target
+
+
+async def run_divided_rollout(urls: list[str], placement: list[int], workload: list[Response], rollout: str,
+                              max_tokens: int, temperature: float, seed: int,
+                              divide_after_tokens: int) -> dict[str, Any]:
+    """`run_rollout` with divided rollout: every response streamed through `_stream_divided`."""
+    from samrollout_client.endpoints import Endpoint
+
+    endpoints = [Endpoint(url) for url in urls]
+    for response in workload:  # all groups start at once: each endpoint holds its groups' responses
+        endpoints[placement[response.group]].outstanding += 1
+    limits = httpx.Limits(max_connections=2 * len(workload) + 8, max_keepalive_connections=2 * len(workload) + 8)
+    async with httpx.AsyncClient(timeout=3600, limits=limits) as client:
+        t0 = time.monotonic()
+        tasks = [asyncio.create_task(_stream_divided(
+            client, endpoints, endpoints[placement[r.group]],
+            {**request_body(r, rollout, max_tokens, temperature, seed), "rollout_id": rollout},
+            r.length, t0, divide_after_tokens)) for r in workload]
+        times = await asyncio.gather(*tasks)
+    return {"makespan_s": max(t["end"] for t in times), "times": times,
+            "moves": sum(int(t["moves"]) for t in times)}
 
 
 def tail_seconds(times: list[dict[str, float]], slots: int) -> float:
@@ -205,6 +263,8 @@ def main() -> None:
                         help="the order groups are sent in (see arrival_order)")
     parser.add_argument("--modes", default=",".join(SINGLE + PAIRED))
     parser.add_argument("--memory", type=float, default=0.1, help="--gpu-memory-utilization of each server")
+    parser.add_argument("--divide-after-tokens", type=int, default=64,
+                        help="2x-divided: the client's divide_after_tokens (tokens a piece runs before it may move)")
     parser.add_argument("--json", type=Path, default=HERE / "results" / "scheduling-cpu.json")
     parser.add_argument("--plot", type=Path, default=None)
     parser.add_argument("--logs", type=Path, default=Path("/tmp/samrollout-bench-scheduling"))
@@ -244,7 +304,7 @@ def main() -> None:
             step = arrival_order(workload, args.order, round_index)
             for mode in order:
                 urls = [s.url for s in servers[mode]]
-                if mode == "2x-predicted-work":
+                if mode in ("2x-predicted-work", "2x-divided"):
                     predicted = [history.predict(str(g)) for g in range(groups)]
                     placement = place_by_predicted_work(
                         [None if p is None else p * args.group_size for p in predicted], 2)
@@ -252,17 +312,25 @@ def main() -> None:
                     placement = [g % 2 for g in range(groups)]
                 else:
                     placement = [0] * groups
-                result = asyncio.run(run_rollout(urls, placement, step, f"r{round_index}-{mode}",
-                                                 args.max_len + 16, args.temperature, round_index))
+                rollout = f"r{round_index}-{mode}"
+                if mode == "2x-divided":
+                    result = asyncio.run(run_divided_rollout(urls, placement, step, rollout, args.max_len + 16,
+                                                             args.temperature, round_index, args.divide_after_tokens))
+                else:
+                    result = asyncio.run(run_rollout(urls, placement, step, rollout, args.max_len + 16,
+                                                     args.temperature, round_index))
                 times = result["times"]
                 slots = args.max_num_seqs
                 record = {"round": round_index, "makespan_s": result["makespan_s"],
                           "tail_s": tail_seconds(times, slots),
                           "mean_queue_s": statistics.fmean(t["first"] for t in times),
                           "p90_queue_s": sorted(t["first"] for t in times)[int(0.9 * len(times))]}
+                if "moves" in result:
+                    record["moves"] = result["moves"]
                 rounds[mode].append(record)
+                moves = f"  moves {record['moves']}" if "moves" in record else ""
                 print(f"round {round_index} {mode:22s} makespan {record['makespan_s']:7.2f} s  tail "
-                      f"{record['tail_s']:6.2f} s  mean queue {record['mean_queue_s']:6.2f} s", flush=True)
+                      f"{record['tail_s']:6.2f} s  mean queue {record['mean_queue_s']:6.2f} s{moves}", flush=True)
                 for g in range(groups):  # the client learns each group's lengths, as RolloutClient does
                     history.record(str(g), [r.length for r in workload if r.group == g])
     finally:
@@ -288,7 +356,7 @@ def main() -> None:
         "traces": [str(p.name) for p in args.traces], "groups": groups, "group_size": args.group_size,
         "responses": len(workload), "tokens": sum(lengths), "longest": max(lengths),
         "median": statistics.median(lengths), "max_num_seqs": args.max_num_seqs, "model": args.model,
-        "order": args.order, "temperature": args.temperature},
+        "order": args.order, "temperature": args.temperature, "divide_after_tokens": args.divide_after_tokens},
         "lower_bound": rates, "lower_bound_s": bound, "modes": summary}
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(out, indent=1))

@@ -15,7 +15,7 @@ import pytest
 from pydantic import ValidationError
 
 from conftest import API_KEY, TINY_SERVER_MEMORY, admin_status
-from samrollout_client import AsyncRolloutClient, RolloutClient, RolloutFailed, Sampling
+from samrollout_client import AsyncRolloutClient, RolloutClient, RolloutFailed, Sample, Sampling
 from server_process import ServerProcess, start_server
 
 CLIENTS = Path(__file__).resolve().parent.parent / "clients"
@@ -74,8 +74,10 @@ def test_groups_spread_over_two_endpoints_with_siblings_together(tiny_server: Se
     async def run() -> list[set[str]]:
         async with AsyncRolloutClient([tiny_server.url, second_server.url], model="tiny", api_key=API_KEY,
                                       max_in_flight=8) as client:
+            assert client.divide_after_tokens is None  # divided rollout is off by default: nothing moves
             groups = await client.generate([f"spread {i}" for i in range(8)], n=3,
                                            sampling=Sampling(max_tokens=24, temperature=0), rollout_id="spread")
+            assert all(s.moves == 0 and s.pieces == [] for g in groups for s in g.samples)
             return [{s.endpoint for s in g.samples} for g in groups]
 
     endpoints = asyncio.run(run())
@@ -114,6 +116,201 @@ def test_predicted_work_places_the_longest_group_first_on_the_least_loaded_endpo
     assert place_by_predicted_work([10, 10], 2, load=[0, 500]) == [0, 0]
     with pytest.raises(ValueError):
         AsyncRolloutClient("http://127.0.0.1:1", model="m", placement="random")  # type: ignore[arg-type]
+
+
+# --- divided rollout: a long sample continues on a less loaded endpoint -----------------------------------
+
+DIVIDED_PROMPT = "def main():"  # the tiny model's greedy answer changes tokens at a few positions, not one loop
+
+
+def long_greedy(max_tokens: int = 200, logprobs: int | None = 0) -> Sampling:
+    return Sampling(max_tokens=max_tokens, temperature=0, logprobs=logprobs, extra={"ignore_eos": True})
+
+
+async def alone(urls: list[str], prompt: str | list[int], n: int, sampling: Sampling) -> list[Sample]:
+    """The samples of one group generated without divided rollout (the reference)."""
+    async with AsyncRolloutClient(urls, model="tiny", api_key=API_KEY) as plain:
+        return (await plain.generate([prompt], n=n, sampling=sampling))[0].samples
+
+
+def test_a_greedy_sample_moved_mid_response_equals_the_unmoved_sample(tiny_server: ServerProcess,
+                                                                     second_server: ServerProcess) -> None:
+    """Two siblings start on the first server (2 outstanding against 0): one moves once, and both are the same."""
+    urls = [tiny_server.url, second_server.url]
+
+    async def run() -> tuple[list[Sample], list[Sample]]:
+        reference = await alone(urls, DIVIDED_PROMPT, 1, long_greedy())
+        async with AsyncRolloutClient(urls, model="tiny", api_key=API_KEY, divide_after_tokens=16) as client:
+            groups = await client.generate([DIVIDED_PROMPT], n=2, sampling=long_greedy(), rollout_id="divided-greedy")
+            assert [(e.outstanding, e.streaming) for e in client.pool.endpoints] == [(0, 0), (0, 0)]
+        return reference, groups[0].samples
+
+    reference, samples = asyncio.run(run())
+    moved, stayed = sorted(samples, key=lambda s: -s.moves)
+    assert (moved.moves, stayed.moves) == (1, 0) and stayed.pieces == []
+    assert [p.endpoint for p in moved.pieces] == urls and moved.endpoint == second_server.url
+    assert moved.pieces[0].tokens >= 16 and sum(p.tokens for p in moved.pieces) == 200
+    assert {p.weight_version for p in moved.pieces} == {moved.weight_version}
+    for sample in (moved, stayed):
+        assert sample.token_ids == reference[0].token_ids and sample.text == reference[0].text
+        assert sample.prompt_token_ids == reference[0].prompt_token_ids and sample.finish_reason == "length"
+        assert sample.logprobs is not None and reference[0].logprobs is not None
+        assert sample.logprobs == pytest.approx(reference[0].logprobs, abs=1e-3)
+
+
+def test_a_moved_seeded_sample_is_whole_and_keeps_its_first_piece(tiny_server: ServerProcess,
+                                                                  second_server: ServerProcess,
+                                                                  tiny_dir: Path) -> None:
+    """Sampled: the first piece is the seed's own draw; after the cut, fresh draws (another seed); all parts whole."""
+    from tokenizers import Tokenizer
+
+    urls = [tiny_server.url, second_server.url]
+    sampling = Sampling(max_tokens=120, temperature=1.0, seed=5, extra={"ignore_eos": True})
+
+    async def run() -> tuple[list[Sample], list[Sample]]:
+        reference = await alone(urls, DIVIDED_PROMPT, 2, sampling)
+        async with AsyncRolloutClient(urls, model="tiny", api_key=API_KEY, divide_after_tokens=16) as client:
+            groups = await client.generate([DIVIDED_PROMPT], n=2, sampling=sampling)
+        return reference, groups[0].samples
+
+    reference, samples = asyncio.run(run())
+    assert sorted(s.moves for s in samples) == [0, 1]
+    tokenizer = Tokenizer.from_file(str(tiny_dir / "tokenizer.json"))
+    for sample, alone_sample in zip(samples, reference, strict=True):
+        assert len(sample.token_ids) == 120 and sample.logprobs is None and sample.finish_reason == "length"
+        assert sample.text == tokenizer.decode(sample.token_ids, skip_special_tokens=True)
+        if sample.moves == 0:
+            assert sample.token_ids == alone_sample.token_ids
+        else:
+            cut = sample.pieces[0].tokens
+            assert sample.token_ids[:cut] == alone_sample.token_ids[:cut]
+            assert sample.token_ids[cut:] != alone_sample.token_ids[cut:]  # drawn with a seed of its own
+
+
+def test_a_sample_whose_server_fails_mid_response_continues_elsewhere_from_its_tokens(
+        tiny_server: ServerProcess, second_server: ServerProcess) -> None:
+    """The connection to the first server breaks after two streamed chunks: the rest comes from the second."""
+
+    async def run() -> tuple[list[Sample], Sample, str]:
+        reference = await alone([tiny_server.url], DIVIDED_PROMPT, 1, long_greedy(logprobs=None))
+        async with HangUpProxy(tiny_server.url, events=2) as proxy, AsyncRolloutClient(
+                [proxy.url, second_server.url], model="tiny", api_key=API_KEY, divide_after_tokens=10_000,
+                backoff_s=0.1) as client:
+            groups = await client.generate([DIVIDED_PROMPT], n=1, sampling=long_greedy(logprobs=None))
+            assert proxy.hung_up
+            return reference, groups[0].samples[0], proxy.url
+
+    reference, sample, proxy_url = asyncio.run(run())
+    assert sample.token_ids == reference[0].token_ids and sample.text == reference[0].text
+    assert sample.moves == 1 and sample.attempts == 2 and sample.logprobs is None
+    assert [p.endpoint for p in sample.pieces] == [proxy_url, second_server.url] and sample.pieces[0].tokens > 0
+
+
+def test_a_continuation_the_target_refuses_restarts_the_sample_unmoved(tiny_server: ServerProcess,
+                                                                      second_server: ServerProcess) -> None:
+    """The first server caps prompts at 480 tokens: a 470-token prompt plus 12 generated ones is refused there."""
+    prompt = [1000] * 470
+
+    async def run() -> list[Sample]:
+        async with AsyncRolloutClient([second_server.url, tiny_server.url], model="tiny", api_key=API_KEY,
+                                      divide_after_tokens=12) as client:
+            groups = await client.generate([prompt], n=2, sampling=long_greedy(max_tokens=40))
+        return groups[0].samples
+
+    refused_before = refused_requests(tiny_server)
+    samples = asyncio.run(run())
+    assert refused_requests(tiny_server) == refused_before + 1  # the continuation
+    assert all(s.moves == 0 and s.pieces == [] and len(s.token_ids) == 40 for s in samples)
+    assert samples[0].token_ids == samples[1].token_ids
+
+
+def refused_requests(server: ServerProcess) -> float:
+    """The server's count of 400 answers (``samrollout_http_errors_total{code="400"}``)."""
+    for line in httpx.get(f"{server.url}/metrics", timeout=30).text.splitlines():
+        if line.startswith("samrollout_http_errors_total{") and 'code="400"' in line:
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def test_divided_rollout_settings_are_checked_before_any_request() -> None:
+    for bad in (0, -3, 2.5, True):
+        with pytest.raises(ValueError, match="divide_after_tokens must be None"):
+            AsyncRolloutClient(["http://127.0.0.1:1", "http://127.0.0.1:2"], model="m",
+                               divide_after_tokens=bad)
+    with RolloutClient(["http://127.0.0.1:1", "http://127.0.0.1:2"], model="m", divide_after_tokens=8) as client:
+        with pytest.raises(ValueError, match="stop strings"):
+            client.generate(["x"], sampling=Sampling(stop=["\n"]))
+        with pytest.raises(ValueError, match="'presence_penalty'"):
+            client.generate(["x"], sampling=Sampling(extra={"presence_penalty": 0.5}))
+
+
+class HangUpProxy:
+    """A TCP proxy to ``upstream`` that hangs up the first streamed response after ``events`` SSE events.
+
+    The client sees what a server dying mid-response looks like (a connection closed inside
+    the body); the server sees a client that hung up. Later connections pass through.
+    """
+
+    def __init__(self, upstream: str, events: int) -> None:
+        host, port = upstream.removeprefix("http://").split(":")
+        self.upstream, self.events, self.hung_up = (host, int(port)), events, False
+        self.url = ""
+        self._server: asyncio.Server | None = None
+        self._connections: set[asyncio.Task[None]] = set()
+
+    async def __aenter__(self) -> HangUpProxy:
+        self._server = await asyncio.start_server(self._connection, "127.0.0.1", 0)
+        self.url = f"http://127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        assert self._server is not None
+        self._server.close()
+        await asyncio.wait_for(asyncio.gather(*self._connections, return_exceptions=True), 30)
+
+    async def _connection(self, client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._connections.add(task)
+        upstream_reader, upstream_writer = await asyncio.open_connection(*self.upstream)
+        pipes = [asyncio.create_task(self._pipe(client_reader, upstream_writer)),
+                 asyncio.create_task(self._down(upstream_reader, client_writer))]
+        await asyncio.wait(pipes, return_when=asyncio.FIRST_COMPLETED)  # either side closed, or the hang-up
+        for pipe in pipes:
+            pipe.cancel()
+        await asyncio.gather(*pipes, return_exceptions=True)
+        for writer in (client_writer, upstream_writer):
+            writer.close()
+
+    @staticmethod
+    async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while data := await reader.read(65536):
+            writer.write(data)
+            await writer.drain()
+
+    async def _down(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        history, sent = b"", 0
+        while data := await reader.read(65536):
+            history += data
+            cut = None if self.hung_up else _end_of_events(history, self.events)
+            writer.write(history[sent:cut])
+            await writer.drain()
+            sent = len(history)
+            if cut is not None:
+                self.hung_up = True
+                return
+
+
+def _end_of_events(data: bytes, count: int) -> int | None:
+    """The offset just past the ``count``-th complete ``data: {...}`` SSE event in ``data``, or None."""
+    position = 0
+    for _ in range(count):
+        start = data.find(b"data: {", position)
+        end = data.find(b"\n\n", start) if start >= 0 else -1
+        if end < 0:
+            return None
+        position = end + 2
+    return position
 
 
 def _kill_once_holding(server: ServerProcess, timeout: float = 120.0) -> None:

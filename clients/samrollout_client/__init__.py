@@ -10,8 +10,17 @@
 from samrollout_client.client import AsyncRolloutClient
 from samrollout_client.errors import NoEndpointAvailable, RequestRejected, RolloutFailed, SamrolloutError
 from samrollout_client.sync import RolloutClient
-from samrollout_client.types import GroupResult, RolloutReport, Sample, SampleFailure, Sampling, SpecStats, WeightPush
+from samrollout_client.types import (
+    GroupResult,
+    RolloutReport,
+    Sample,
+    SampleFailure,
+    SamplePiece,
+    Sampling,
+    SpecStats,
+    WeightPush,
+)
 
 __all__ = ["AsyncRolloutClient", "GroupResult", "NoEndpointAvailable", "RequestRejected", "RolloutClient",
-           "RolloutFailed", "RolloutReport", "Sample", "SampleFailure", "Sampling", "SamrolloutError", "SpecStats",
-           "WeightPush"]
+           "RolloutFailed", "RolloutReport", "Sample", "SampleFailure", "SamplePiece", "Sampling", "SamrolloutError",
+           "SpecStats", "WeightPush"]

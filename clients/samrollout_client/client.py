@@ -11,6 +11,10 @@ connection error, a timeout or a 5xx is retried on another endpoint with backoff
 is not retried.  Results come back in input order; if anything is still missing after the
 retries (or the overall timeout), `RolloutFailed` names each missing sample and carries
 the partial results.
+
+With ``divide_after_tokens`` (off by default) and several endpoints, samples are streamed
+and a long one can continue on a less loaded endpoint from what it has generated
+(`samrollout_client.divided`).
 """
 
 from __future__ import annotations
@@ -24,6 +28,13 @@ from typing import Any, Literal
 
 import httpx
 
+from samrollout_client.divided import (
+    DividedSample,
+    StreamError,
+    check_divide_after_tokens,
+    check_divisible,
+    stream_piece,
+)
 from samrollout_client.endpoints import Endpoint, EndpointPool
 from samrollout_client.errors import (
     NoEndpointAvailable,
@@ -55,18 +66,26 @@ class _Retryable(SamrolloutError):
 
 
 class AsyncRolloutClient:
-    """Rollouts against samrollout servers (use as ``async with``; see the module docstring)."""
+    """Rollouts against samrollout servers (use as ``async with``; see the module docstring).
+
+    ``divide_after_tokens``: None (the default) leaves every sample on the endpoint it
+    started on.  An integer C >= 1 turns divided rollout on (with more than one endpoint):
+    every sample is streamed, and one whose current piece has C tokens or more can continue
+    from its generated tokens on an endpoint with room for it (the rule, the exactness notes
+    and the refused sampling settings: `samrollout_client.divided`).
+    """
 
     def __init__(self, endpoints: str | Sequence[str], model: str, *, api_key: str | None = None,
                  max_in_flight: int = 64, max_attempts: int = 4, request_timeout_s: float = 600.0,
                  backoff_s: float = 0.5, progress: bool = False,
-                 placement: Placement = "least-outstanding") -> None:
+                 placement: Placement = "least-outstanding", divide_after_tokens: int | None = None) -> None:
         urls = [endpoints] if isinstance(endpoints, str) else list(endpoints)
         if max_in_flight < 1 or max_attempts < 1:
             raise ValueError("max_in_flight and max_attempts must be at least 1")
         if placement not in PLACEMENTS:
             raise ValueError(f"placement must be one of {PLACEMENTS}, got {placement!r}")
-        self.placement = placement
+        check_divide_after_tokens(divide_after_tokens)
+        self.placement, self.divide_after_tokens = placement, divide_after_tokens
         self.history = LengthHistory()  # response lengths per prompt, from this client's earlier rollouts
         self.pool = EndpointPool(urls, min_backoff_s=backoff_s)
         self.model, self.max_in_flight, self.max_attempts = model, max_in_flight, max_attempts
@@ -99,6 +118,8 @@ class AsyncRolloutClient:
                                                     and all(isinstance(t, int) for t in prompt)):
                 raise ValueError(f"prompt {index} must be a string or a non-empty list of token ids")
         sampling = sampling or Sampling()
+        if self.divide_after_tokens is not None:
+            check_divisible(sampling)
         rollout_id = rollout_id or f"rollout-{uuid.uuid4().hex[:12]}"
         groups = [GroupResult(index=i, prompt=p, group_id=f"{rollout_id}.g{i}", samples=[])
                   for i, p in enumerate(prompts)]
@@ -157,9 +178,8 @@ class AsyncRolloutClient:
     async def _choose(self, avoid: set[str] | None = None) -> Endpoint:
         return await self.pool.choose(self._http, avoid)
 
-    async def _sample(self, group: GroupResult, index: int, sampling: Sampling, rollout_id: str,
-                      home: Endpoint) -> Sample:
-        """One sample, retried on other endpoints on retryable failures."""
+    def _request_body(self, group: GroupResult, index: int, sampling: Sampling, rollout_id: str) -> dict[str, Any]:
+        """The completion request of sample ``index`` of ``group`` (sample i is seeded ``seed + i``)."""
         body: dict[str, Any] = {
             "model": self.model, "prompt": group.prompt, "n": 1, "max_tokens": sampling.max_tokens,
             "temperature": sampling.temperature, "top_p": sampling.top_p, "rollout_id": rollout_id,
@@ -169,6 +189,14 @@ class AsyncRolloutClient:
                 body[key] = getattr(sampling, key)
         if sampling.seed is not None:
             body["seed"] = sampling.seed + index
+        return body
+
+    async def _sample(self, group: GroupResult, index: int, sampling: Sampling, rollout_id: str,
+                      home: Endpoint) -> Sample:
+        """One sample, retried on other endpoints on retryable failures."""
+        body = self._request_body(group, index, sampling, rollout_id)
+        if self.divide_after_tokens is not None and len(self.pool.endpoints) > 1:
+            return await self._divided_sample(body, home)
         endpoint, tried, last_error = home, set[str](), ""
         for attempt in range(1, self.max_attempts + 1):
             if attempt > 1:  # the first attempt's slot was reserved by its group
@@ -176,6 +204,7 @@ class AsyncRolloutClient:
             try:
                 reply = await self._post(endpoint, "/v1/completions", body)
                 self.pool.mark_ok(endpoint)
+                endpoint.weight_version = reply.get("weight_version") or endpoint.weight_version
                 return _to_sample(reply, endpoint.url, attempt)
             except _Retryable as error:
                 last_error = str(error)
@@ -192,16 +221,79 @@ class AsyncRolloutClient:
                 raise SamrolloutError(f"{last_error}; then {error}") from None
         raise SamrolloutError(f"failed {self.max_attempts} times, last on {endpoint.url}: {last_error}")
 
+    async def _divided_sample(self, body: dict[str, Any], home: Endpoint) -> Sample:
+        """One streamed sample that may move to less loaded endpoints (`samrollout_client.divided`).
+
+        A failure mid-sample continues from the last clean cut on another endpoint; a
+        continuation the server refuses (4xx: e.g. prompt plus generated tokens over its
+        ``--max-prompt-tokens``) restarts the sample from its prompt, and it no longer moves.
+        """
+        sample = DividedSample(max_tokens=int(body["max_tokens"]), want_logprobs="logprobs" in body)
+        seed = body.get("seed")
+        base = {**body, "stream": True, "stream_options": {"include_usage": True},
+                "logprobs": body.get("logprobs", 0)}  # each token's text tells whether a cut after it is clean
+        endpoint, failures, tried = home, 0, set[str]()
+        while True:
+            sample.start_piece(endpoint.url)
+            continuing = bool(sample.token_ids)
+            try:
+                target = await self._stream_piece(endpoint, sample.body(base, seed), sample)
+            except _Retryable as error:
+                failures += 1
+                self.pool.mark_down(endpoint)
+                tried.add(endpoint.url)
+                if failures >= self.max_attempts:
+                    raise SamrolloutError(f"failed {failures} times, last on {endpoint.url}: {error}") from None
+                sample.cut_back()
+                await asyncio.sleep(self.backoff_s * 2 ** (failures - 1))
+                endpoint = await self._next_endpoint(tried, str(error))
+                continue
+            except RequestRejected:
+                if not continuing:
+                    raise
+                sample.restart(may_move=False)
+                endpoint = await self._next_endpoint(set(), "")
+                continue
+            if target is None:
+                return sample.to_sample(endpoint.url, failures + 1)
+            sample.load_moves += 1
+            endpoint = target  # its outstanding count was raised when it was chosen
+
+    async def _next_endpoint(self, avoid: set[str], last_error: str) -> Endpoint:
+        """The endpoint for a sample's next request, its outstanding count raised."""
+        try:
+            endpoint = await self._choose(avoid=avoid)
+        except NoEndpointAvailable as error:
+            raise SamrolloutError(f"{last_error}; then {error}" if last_error else str(error)) from None
+        endpoint.outstanding += 1
+        return endpoint
+
+    async def _stream_piece(self, endpoint: Endpoint, body: dict[str, Any], sample: DividedSample) -> Endpoint | None:
+        """Stream one piece of ``sample``: the endpoint to move to (its count raised), or None once finished.
+
+        Lowers ``endpoint``'s outstanding count when done. Connection problems, 5xx and
+        error events -> `_Retryable` (unless the sample already finished); 4xx -> `RequestRejected`.
+        """
+        assert self.divide_after_tokens is not None
+        try:
+            target = await stream_piece(self._http, endpoint, body, sample, self.pool.endpoints,
+                                        self.divide_after_tokens, lambda reply: _check_status(endpoint, reply))
+        except (*_RETRYABLE, StreamError) as error:
+            if sample.finish_reason is None:
+                raise _Retryable(f"{endpoint.url}: {type(error).__name__}: {error}") from None
+            return None
+        self.pool.mark_ok(endpoint)
+        if target is None and sample.finish_reason is None:
+            raise _Retryable(f"{endpoint.url}: the stream ended before the sample finished")
+        return target
+
     async def _post(self, endpoint: Endpoint, path: str, body: dict[str, Any] | None) -> dict[str, Any]:
         """POST and decode; 4xx -> `RequestRejected`, connection problems and 5xx -> `_Retryable`."""
         try:
             reply = await self._http.post(f"{endpoint.url}{path}", json=body)
         except _RETRYABLE as error:
             raise _Retryable(f"{endpoint.url}: {type(error).__name__}: {error}") from None
-        if reply.status_code >= 500:
-            raise _Retryable(f"{endpoint.url} answered {reply.status_code}: {reply.text[:200]}")
-        if reply.status_code >= 400:
-            raise RequestRejected(endpoint.url, reply.status_code, error_message(reply))
+        _check_status(endpoint, reply)
         result: dict[str, Any] = reply.json()
         return result
 
@@ -340,12 +432,22 @@ class AsyncRolloutClient:
             raise SamrolloutError(f"{path} failed on {len(failed)} endpoint(s): " + "; ".join(failed))
 
     async def _version(self, endpoint: Endpoint) -> str | None:
+        """The version ``endpoint``'s /health reports (remembered on the endpoint), or None."""
         try:
             reply = await self._http.get(f"{endpoint.url}/health", timeout=10.0)
             version: str | None = reply.json().get("weight_version") if reply.status_code == 200 else None
-            return version
         except httpx.HTTPError:
             return None
+        endpoint.weight_version = version or endpoint.weight_version
+        return version
+
+
+def _check_status(endpoint: Endpoint, reply: httpx.Response) -> None:
+    """5xx -> `_Retryable`, 4xx -> `RequestRejected` (the body must have been read)."""
+    if reply.status_code >= 500:
+        raise _Retryable(f"{endpoint.url} answered {reply.status_code}: {reply.text[:200]}")
+    if reply.status_code >= 400:
+        raise RequestRejected(endpoint.url, reply.status_code, error_message(reply))
 
 
 def _raise_failures(what: str, endpoints: Sequence[Endpoint], replies: Sequence[object]) -> None:

@@ -27,6 +27,8 @@ class Endpoint:
     down: bool = False
     backoff_s: float = 0.5
     failures: int = 0
+    weight_version: str | None = None  # the version it last reported to this client (None: not known yet)
+    streaming: int = 0  # of the outstanding requests, those streaming tokens now (divided rollout)
 
 
 class EndpointPool:

@@ -15,7 +15,11 @@ T = TypeVar("T")
 
 
 class RolloutClient:
-    """Runs an `AsyncRolloutClient` on a private event loop thread (safe inside Jupyter or other loops)."""
+    """Runs an `AsyncRolloutClient` on a private event loop thread (safe inside Jupyter or other loops).
+
+    ``options`` are `AsyncRolloutClient`'s keyword arguments (``api_key``, ``max_in_flight``,
+    ``placement``, ``divide_after_tokens``, ...).
+    """
 
     def __init__(self, endpoints: str | Sequence[str], model: str, **options: Any) -> None:
         self._loop = asyncio.new_event_loop()

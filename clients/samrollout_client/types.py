@@ -33,6 +33,14 @@ class SpecStats(BaseModel):
     num_accepted_draft_tokens: int = 0
 
 
+class SamplePiece(BaseModel):
+    """The part of a moved sample generated on one endpoint (divided rollout), in order."""
+
+    endpoint: str
+    tokens: int = Field(description="how many of the sample's token ids this piece generated")
+    weight_version: str | None = Field(default=None, description="the weights that generated them")
+
+
 class Sample(BaseModel):
     """One generated response."""
 
@@ -43,8 +51,12 @@ class Sample(BaseModel):
     finish_reason: str | None = None
     weight_version: str | None = None
     speculation: SpecStats | None = None
-    endpoint: str = Field(description="the server that produced it")
+    endpoint: str = Field(description="the server that produced it (a moved sample: its last piece)")
     attempts: int = Field(default=1, description="1 unless it was retried")
+    moves: int = Field(default=0, description="times it was continued on another endpoint from its generated "
+                                              "tokens (divided rollout: for load, or after a failure)")
+    pieces: list[SamplePiece] = Field(default_factory=list, description="where each part of a moved sample was "
+                                      "generated, and under which weights (empty unless moves > 0)")
 
 
 class GroupResult(BaseModel):
