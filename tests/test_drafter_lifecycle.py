@@ -41,12 +41,41 @@ def test_group_outlives_finished_siblings_until_the_last_one_leaves():
 
 def test_sibling_with_a_different_prompt_drafts_alone():
     drafter = SamDrafter(VOCAB, DraftPolicy(source="group", min_match_length=1))
-    drafter.add_request("a", [1, 2], group="g")
-    drafter.add_request("stranger", [9, 9, 9], group="g")
+    assert drafter.add_request("a", [1, 2], group="g")
+    assert not drafter.add_request("stranger", [9, 9, 9], group="g")
     assert drafter.info("stranger")["group"] == -1
     drafter.append("a", [3, 4, 5])
     drafter.append("stranger", [3, 4])
     assert drafter.propose("stranger", 3) == []
+
+
+def test_a_stranger_to_a_group_never_keeps_the_group_alive_after_its_members_leave():
+    """The engine joins earlier rollouts' responses to a group it believes live: that belief must match
+    the core's, or the join raises inside the engine (a request with a group's id but not its prompt)."""
+    drafter = SamDrafter(VOCAB)
+    drafter.add_request("member", [1, 2], group="g")
+    drafter.add_request("stranger", [9, 9, 9], group="g")
+    drafter.remove_request("member")
+    assert not drafter.has_group("g") and drafter.num_groups == 0
+    with pytest.raises(KeyError):
+        drafter.add_to_group("g", [5, 6])
+    drafter.remove_request("stranger")
+    assert drafter.add_request("next", [1, 2], group="g") and drafter.has_group("g")
+
+
+def test_a_sibling_continued_from_its_generated_tokens_joins_its_group_and_drafts_from_siblings():
+    """Divided rollout resends a sample as prompt + the tokens it generated: it still drafts from its group."""
+    siblings_text = list(range(100, 300))
+    drafter = SamDrafter(VOCAB, DraftPolicy(source="group", min_match_length=1))
+    drafter.add_request("ahead", [1, 2], group="g")
+    drafter.append("ahead", siblings_text)
+    assert drafter.add_request("continued", [1, 2, *siblings_text[:50]], group="g")
+    assert drafter.info("continued")["num_tokens"] == 52
+    assert drafter.step(["continued"], [siblings_text[50:51]], 3) == [siblings_text[51:54]]
+    assert drafter.last_sources(["continued"]) == ["group"]
+    bounded = SamDrafter(VOCAB, DraftPolicy(max_group_tokens=100))
+    bounded.add_request("ahead", [1, 2], group="g")
+    assert not bounded.add_request("too long", [1, 2, *siblings_text], group="g")  # past the group bound: alone
 
 
 def test_request_past_its_token_bound_stops_drafting_and_frees_its_automaton():

@@ -56,10 +56,13 @@ class Automaton {
     prompt_end_ = last;
   }
 
-  // Whether `tokens` is exactly the indexed prompt (siblings share it).
-  bool same_prompt(const int32_t* tokens, std::size_t count) const {
-    return count == prompt_.size() && std::equal(prompt_.begin(), prompt_.end(), tokens);
+  // Whether `tokens` starts with the indexed prompt: a sibling's prompt, or a continuation of
+  // a response to it (the prompt plus tokens generated elsewhere).
+  bool extends_prompt(const int32_t* tokens, std::size_t count) const {
+    return count >= prompt_.size() && std::equal(prompt_.begin(), prompt_.end(), tokens);
   }
+
+  std::size_t prompt_size() const { return prompt_.size(); }
 
   // Adds a member whose string starts as the prompt; returns its string id.
   int32_t add_member() {

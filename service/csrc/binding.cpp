@@ -131,7 +131,7 @@ NB_MODULE(_sam_core, m) {
           "add_request",
           [](Drafter& d, int64_t request, TokenArray prompt, int64_t group) {
             nb::gil_scoped_release release;
-            d.add_request(request, prompt.data(), prompt.shape(0), group);
+            return d.add_request(request, prompt.data(), prompt.shape(0), group);
           },
           "request"_a, "prompt"_a.noconvert(), "group"_a)
       .def(

@@ -110,7 +110,7 @@ void Drafter::check_k(int32_t k) const {
   }
 }
 
-void Drafter::add_request(int64_t request, const int32_t* prompt, std::size_t count, int64_t group) {
+bool Drafter::add_request(int64_t request, const int32_t* prompt, std::size_t count, int64_t group) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (requests_.count(request)) fail("request id " + std::to_string(request) + " is already active");
   check_tokens(prompt, count);
@@ -130,13 +130,22 @@ void Drafter::add_request(int64_t request, const int32_t* prompt, std::size_t co
         g.automaton->set_prompt(prompt, count);
       }
     }
-    if (!g.overflow && !g.automaton->same_prompt(prompt, count)) {
-      // A sibling must continue the group's prompt; anything else drafts alone.
+    // A member's prompt starts with the group's: a sibling's, or a sibling's continued elsewhere
+    // (prompt + what it generated), whose extra tokens become its response so far.  Anything else,
+    // or a continuation that would pass the group's token bound, drafts alone.
+    const std::size_t shared = g.overflow ? 0 : g.automaton->prompt_size();
+    const auto extra = static_cast<int64_t>(count - std::min(count, shared));
+    if (!g.overflow && (!g.automaton->extends_prompt(prompt, count) ||
+                        g.tokens + extra > policy_.max_group_tokens)) {
       if (created) groups_.erase(it);
     } else {
       r.group = group;
       r.group_sid = g.overflow ? 0 : g.automaton->add_member();
       g.members += 1;
+      if (!g.overflow && extra > 0) {
+        g.tokens += extra;
+        for (std::size_t i = shared; i < count; ++i) g.automaton->append(r.group_sid, prompt[i]);
+      }
     }
   }
   if (r.group < 0 || policy_.source != Source::kGroup) {
@@ -149,7 +158,9 @@ void Drafter::add_request(int64_t request, const int32_t* prompt, std::size_t co
       r.own->add_member();
     }
   }
+  const bool joined = r.group >= 0;
   requests_.emplace(request, std::move(r));
+  return joined;
 }
 
 void Drafter::append_locked(Request& r, const int32_t* tokens, std::size_t count) {

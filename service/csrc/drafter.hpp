@@ -77,7 +77,8 @@ class Drafter {
 
   explicit Drafter(const DraftPolicy& policy);
 
-  void add_request(int64_t request, const int32_t* prompt, std::size_t count, int64_t group);
+  // Returns whether the request joined `group` (false: it drafts alone, see add_request in drafter.cpp).
+  bool add_request(int64_t request, const int32_t* prompt, std::size_t count, int64_t group);
   void append(int64_t request, const int32_t* tokens, std::size_t count);
   // Writes up to k draft tokens into `out`; returns how many.
   int32_t propose(int64_t request, int32_t k, int32_t* out);

@@ -148,8 +148,14 @@ class SamDrafter:
 
     # -- lifecycle -----------------------------------------------------------------
     def add_request(self, request_id: Hashable, prompt: Sequence[int] | npt.NDArray[Any],
-                    group: Hashable | None = None) -> None:
-        """Start indexing a request's prompt; siblings pass the same ``group`` (and prompt)."""
+                    group: Hashable | None = None) -> bool:
+        """Start indexing a request's prompt; siblings pass the same ``group`` (and prompt).
+
+        A request whose prompt starts with the group's prompt joins the group: a sibling, or a
+        sibling continued from its generated tokens (the client's divided rollout), whose extra
+        tokens count as its response so far.  Any other prompt drafts alone.  Returns whether
+        the request joined ``group``.
+        """
         if request_id in self._handles:
             raise ValueError(f"request {request_id!r} is already active")
         prompt_array = as_token_array(prompt, "prompt")
@@ -157,11 +163,12 @@ class SamDrafter:
         group_handle = -1
         if group is not None:
             group_handle, members = self._groups.get(group, (self._new_handle(), 0))
-        self._core.add_request(handle, prompt_array, group_handle)
+        joined = bool(self._core.add_request(handle, prompt_array, group_handle))
         self._handles[request_id] = handle
-        if group is not None:
+        if group is not None and joined:
             self._groups[group] = (group_handle, members + 1)
             self._request_group[handle] = group
+        return joined
 
     def remove_request(self, request_id: Hashable) -> None:
         """Forget a finished or aborted request and free its memory."""

@@ -270,8 +270,8 @@ class SamProposer:
             group = group if group is not None else f"prompt:{key.hex()}"
             if not self.drafter.has_group(group) and self.history.responses(key):
                 self._unjoined[group] = key
-        self.drafter.add_request(request_id, prompt, group=group)
-        if group is not None:
+        # A request with another group's id but not its prompt drafts alone (SamDrafter.add_request).
+        if self.drafter.add_request(request_id, prompt, group=group) and group is not None:
             self._group[request_id] = group
 
     def _join_history(self, request_ids: list[str]) -> None:
