@@ -17,6 +17,11 @@ Modes (servers started once, then every round runs every mode in a rotated order
 
 - ``fcfs``, ``length-aware``: one server with ``--rollout-scheduling`` fcfs / length-aware, SAM off;
 - ``fcfs+sam``, ``length-aware+sam``: the same with SAM (the server's default speculation);
+- ``vllm-priority``: fcfs in samrollout and vLLM's ``--scheduling-policy priority``, each request
+  carrying ``priority`` = minus its group's mean length in earlier rounds (0 when unknown: round 1
+  is fcfs): what a trainer can do with plain vLLM.  vLLM fixes a priority when the request is
+  added (no probe can inform it) and, short of KV memory, preempts the lowest-priority running
+  sequence; ``--kv-blocks`` makes memory short for every mode to measure that;
 - ``2x-least-outstanding``, ``2x-predicted-work``: two length-aware + SAM servers with half the
   slots each; groups placed as the client does (`samrollout_client.placement`): alternately
   (least outstanding, all groups start at once) or longest predicted first onto the least
@@ -59,6 +64,9 @@ sys.path.insert(0, str(HERE.parent / "tests"))  # server_process: start/stop ser
 sys.path.insert(0, str(HERE.parent / "clients"))
 TRACES = HERE.parent.parent / "shared" / "data" / "reasoning-traces" / "skyt1-ckpt-aime24.jsonl.gz"
 SINGLE = ("fcfs", "length-aware", "fcfs+sam", "length-aware+sam")
+# vLLM's own priority scheduling, as a trainer could drive it: every request goes to the engine at once with
+# a priority from the client's history (longest remembered group first; unknown: 0), SAM off.
+PRIORITY = ("vllm-priority",)
 PAIRED = ("2x-least-outstanding", "2x-predicted-work", "2x-divided")
 
 
@@ -122,14 +130,18 @@ def request_body(response: Response, rollout: str, max_tokens: int, temperature:
 
 
 async def run_rollout(urls: list[str], placement: list[int], workload: list[Response], rollout: str,
-                      max_tokens: int, temperature: float, seed: int) -> dict[str, Any]:
-    """Send every response at once (group order) to its group's server; the rollout's times."""
+                      max_tokens: int, temperature: float, seed: int,
+                      priorities: list[int] | None = None) -> dict[str, Any]:
+    """Send every response at once (group order) to its group's server (with its group's vLLM ``priority``
+    when given); the rollout's times."""
     limits = httpx.Limits(max_connections=len(workload) + 8, max_keepalive_connections=len(workload) + 8)
     async with httpx.AsyncClient(timeout=3600, limits=limits) as client:
         t0 = time.monotonic()
         tasks = [asyncio.create_task(_stream_one(
             client, urls[placement[r.group]], {**request_body(r, rollout, max_tokens, temperature, seed),
-                                               "rollout_id": rollout}, r.length, t0)) for r in workload]
+                                               "rollout_id": rollout,
+                                               **({"priority": priorities[r.group]} if priorities else {})},
+            r.length, t0)) for r in workload]
         times = await asyncio.gather(*tasks)
     return {"makespan_s": max(t["end"] for t in times), "times": times}
 
@@ -234,13 +246,26 @@ def arrival_order(workload: list[Response], order: str, seed: int) -> list[Respo
     return sorted(workload, key=lambda r: (rank[r.group], r.index))
 
 
-def server_args(model: str, scheduling: str, sam: bool, slots: int, memory: float) -> list[str]:
-    """`samrollout serve` flags for one mode's server."""
+def preemptions(url: str) -> float:
+    """The server's ``samrollout_preemptions_total`` (sequences preempted for KV memory so far)."""
+    for line in httpx.get(f"{url}/metrics", timeout=30).text.splitlines():
+        if line.startswith("samrollout_preemptions_total "):
+            return float(line.split()[1])
+    return 0.0
+
+
+def server_args(model: str, scheduling: str, sam: bool, slots: int, memory: float, kv_blocks: int | None = None,
+                priority: bool = False) -> list[str]:
+    """`samrollout serve` flags for one mode's server (``kv_blocks``: KV cache of that many 32-token blocks;
+    ``priority``: vLLM's priority scheduling policy)."""
     args = ["--served-model-name", "bench", "--rollout-scheduling", scheduling, "--max-num-seqs", str(slots),
             "--gpu-memory-utilization", str(memory), "--max-model-len", "1024"]
     if model != "smollm2":
         args += ["--model", model]
-    return args + ([] if sam else ["--no-speculation"])
+    args += [] if sam else ["--no-speculation"]
+    engine = (["--num-gpu-blocks-override", str(kv_blocks), "--block-size", "32"] if kv_blocks else []) + (
+        ["--scheduling-policy", "priority"] if priority else [])
+    return args + (["--", *engine] if engine else [])
 
 
 def main() -> None:
@@ -261,7 +286,9 @@ def main() -> None:
                         help="0 (default): greedy, the only requests SAM drafts for on vLLM's CPU backend")
     parser.add_argument("--order", choices=["random", "file", "short-first"], default="random",
                         help="the order groups are sent in (see arrival_order)")
-    parser.add_argument("--modes", default=",".join(SINGLE + PAIRED))
+    parser.add_argument("--modes", default=",".join(SINGLE + PRIORITY + PAIRED))
+    parser.add_argument("--kv-blocks", type=int, default=None,
+                        help="KV cache of this many 32-token blocks on every server (memory short: preemption)")
     parser.add_argument("--memory", type=float, default=0.1, help="--gpu-memory-utilization of each server")
     parser.add_argument("--divide-after-tokens", type=int, default=64,
                         help="2x-divided: the client's divide_after_tokens (tokens a piece runs before it may move)")
@@ -270,7 +297,7 @@ def main() -> None:
     parser.add_argument("--logs", type=Path, default=Path("/tmp/samrollout-bench-scheduling"))
     args = parser.parse_args()
     modes = [m for m in args.modes.split(",") if m]
-    unknown = set(modes) - set(SINGLE + PAIRED)
+    unknown = set(modes) - set(SINGLE + PRIORITY + PAIRED)
     if unknown:
         raise SystemExit(f"unknown modes: {sorted(unknown)}")
     workload = load_workload(args.traces, args.groups, args.group_size, args.max_len, args.prompt_chars)
@@ -284,12 +311,16 @@ def main() -> None:
         for mode in modes:
             if mode in SINGLE:
                 scheduling, sam = mode.removesuffix("+sam"), mode.endswith("+sam")
-                servers[mode] = [start_server(server_args(args.model, scheduling, sam, args.max_num_seqs, args.memory),
-                                              args.logs / f"{mode}.log")]
+                servers[mode] = [start_server(server_args(args.model, scheduling, sam, args.max_num_seqs, args.memory,
+                                                          args.kv_blocks), args.logs / f"{mode}.log")]
+                print(f"started {mode}", flush=True)
+            elif mode in PRIORITY:
+                servers[mode] = [start_server(server_args(args.model, "fcfs", False, args.max_num_seqs, args.memory,
+                                                          args.kv_blocks, priority=True), args.logs / f"{mode}.log")]
                 print(f"started {mode}", flush=True)
         if any(m in PAIRED for m in modes):
-            pair = [start_server(server_args(args.model, "length-aware", True, args.max_num_seqs // 2, args.memory),
-                                 args.logs / f"pair-{i}.log") for i in range(2)]
+            pair = [start_server(server_args(args.model, "length-aware", True, args.max_num_seqs // 2, args.memory,
+                                             args.kv_blocks), args.logs / f"pair-{i}.log") for i in range(2)]
             for mode in PAIRED:
                 servers[mode] = pair
             print("started the 2-server pair", flush=True)
@@ -313,24 +344,29 @@ def main() -> None:
                 else:
                     placement = [0] * groups
                 rollout = f"r{round_index}-{mode}"
+                preempted_before = sum(preemptions(url) for url in urls)
                 if mode == "2x-divided":
                     result = asyncio.run(run_divided_rollout(urls, placement, step, rollout, args.max_len + 16,
                                                              args.temperature, round_index, args.divide_after_tokens))
                 else:
+                    priorities = ([-round(history.predict(str(g)) or 0) for g in range(groups)]
+                                  if mode in PRIORITY else None)
                     result = asyncio.run(run_rollout(urls, placement, step, rollout, args.max_len + 16,
-                                                     args.temperature, round_index))
+                                                     args.temperature, round_index, priorities))
                 times = result["times"]
                 slots = args.max_num_seqs
                 record = {"round": round_index, "makespan_s": result["makespan_s"],
                           "tail_s": tail_seconds(times, slots),
                           "mean_queue_s": statistics.fmean(t["first"] for t in times),
                           "p90_queue_s": sorted(t["first"] for t in times)[int(0.9 * len(times))]}
+                record["preemptions"] = sum(preemptions(url) for url in urls) - preempted_before
                 if "moves" in result:
                     record["moves"] = result["moves"]
                 rounds[mode].append(record)
                 moves = f"  moves {record['moves']}" if "moves" in record else ""
                 print(f"round {round_index} {mode:22s} makespan {record['makespan_s']:7.2f} s  tail "
-                      f"{record['tail_s']:6.2f} s  mean queue {record['mean_queue_s']:6.2f} s{moves}", flush=True)
+                      f"{record['tail_s']:6.2f} s  mean queue {record['mean_queue_s']:6.2f} s  preemptions "
+                      f"{record['preemptions']:.0f}{moves}", flush=True)
                 for g in range(groups):  # the client learns each group's lengths, as RolloutClient does
                     history.record(str(g), [r.length for r in workload if r.group == g])
     finally:
@@ -343,20 +379,22 @@ def main() -> None:
                       "warm_makespan_s": statistics.median(r["makespan_s"] for r in rs[1:]) if len(rs) > 1 else None,
                       "tail_s": statistics.median(r["tail_s"] for r in rs),
                       "mean_queue_s": statistics.median(r["mean_queue_s"] for r in rs),
+                      "preemptions": sum(r["preemptions"] for r in rs),
                       "rounds": rs} for mode, rs in rounds.items()}
     print(f"\n{'mode':22s} {'makespan s':>10s} {'cold':>7s} {'warm':>7s} {'tail s':>7s} {'queue s':>8s} "
-          f"{'/fcfs':>6s} {'/bound':>7s}")
+          f"{'/fcfs':>6s} {'/bound':>7s} {'preempted':>9s}")
     base = summary.get("fcfs", {}).get("makespan_s")
     for mode, s in summary.items():
         warm = f"{s['warm_makespan_s']:7.2f}" if s["warm_makespan_s"] is not None else "      -"
         ratio = f"{s['makespan_s'] / base:6.2f}" if base else "     -"
         print(f"{mode:22s} {s['makespan_s']:10.2f} {s['cold_makespan_s']:7.2f} {warm} {s['tail_s']:7.2f} "
-              f"{s['mean_queue_s']:8.2f} {ratio} {s['makespan_s'] / bound:7.2f}")
+              f"{s['mean_queue_s']:8.2f} {ratio} {s['makespan_s'] / bound:7.2f} {s['preemptions']:9.0f}")
     out = {"command": " ".join(sys.argv), "workload": {
         "traces": [str(p.name) for p in args.traces], "groups": groups, "group_size": args.group_size,
         "responses": len(workload), "tokens": sum(lengths), "longest": max(lengths),
         "median": statistics.median(lengths), "max_num_seqs": args.max_num_seqs, "model": args.model,
-        "order": args.order, "temperature": args.temperature, "divide_after_tokens": args.divide_after_tokens},
+        "order": args.order, "temperature": args.temperature, "divide_after_tokens": args.divide_after_tokens,
+        "kv_blocks": args.kv_blocks},
         "lower_bound": rates, "lower_bound_s": bound, "modes": summary}
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(out, indent=1))

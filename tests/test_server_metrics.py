@@ -56,7 +56,7 @@ def test_every_metric_family_is_exported_with_base_units(tiny_server: ServerProc
                    "time_per_output_token_seconds_bucket", "request_prompt_tokens_bucket",
                    "request_output_tokens_bucket", "requests_finished_total", "generated_tokens_total",
                    "weight_version_info", "drafter_source_draft_tokens_total",
-                   "drafter_source_accepted_tokens_total", "drafter_global_tokens"):
+                   "drafter_source_accepted_tokens_total", "drafter_global_tokens", "preemptions_total"):
         assert f"samrollout_{family}" in names, family
     assert not any(n.endswith("_created") for n in names if n.startswith("samrollout_"))
 

@@ -57,6 +57,7 @@ PROMPT_TOKENS = Histogram(f"{P}request_prompt_tokens", "Prompt length of finishe
 OUTPUT_TOKENS = Histogram(f"{P}request_output_tokens", "Output length of finished requests", buckets=_TOKENS)
 REQUESTS_FINISHED = Counter(f"{P}requests_finished", "Finished requests by finish reason", ["finish_reason"])
 GENERATED_TOKENS = Counter(f"{P}generated_tokens", "Output tokens generated")
+PREEMPTIONS = Counter(f"{P}preemptions", "Running sequences the engine preempted for KV memory (recomputed later)")
 HTTP_ERRORS = Counter(f"{P}http_errors", "HTTP responses with an error status, by code", ["code"])
 
 # Rollouts (requests tagged with one rollout id), from the HTTP layer.

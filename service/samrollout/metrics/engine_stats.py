@@ -69,6 +69,8 @@ class SamStatLogger(StatLoggerBase):
     def _record_iteration(stats: Any) -> None:
         if stats.num_generation_tokens:
             m.GENERATED_TOKENS.inc(stats.num_generation_tokens)
+        if getattr(stats, "num_preempted_reqs", 0):
+            m.PREEMPTIONS.inc(stats.num_preempted_reqs)
         for ttft in stats.time_to_first_tokens_iter:
             m.TIME_TO_FIRST_TOKEN.observe(ttft)
         for finished in stats.finished_requests:
