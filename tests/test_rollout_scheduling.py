@@ -51,7 +51,8 @@ async def _until_waiting(client: httpx.AsyncClient, at_least: int, timeout: floa
     deadline = asyncio.get_running_loop().time() + timeout
     seen: list[tuple[int, int]] = []  # (running, waiting) each time it changed, for the failure message
     while asyncio.get_running_loop().time() < deadline:
-        scheduling: dict[str, Any] = (await client.get("/admin/status")).json()["scheduling"]
+        # without the drafter's counters: their round trip to the busy worker can take seconds
+        scheduling: dict[str, Any] = (await client.get("/admin/status?drafter=false")).json()["scheduling"]
         if scheduling["waiting"] >= at_least and scheduling["running"] >= running:
             return scheduling
         if not seen or seen[-1] != (scheduling["running"], scheduling["waiting"]):
@@ -131,7 +132,7 @@ def test_aborting_a_rollout_ends_its_waiting_sequences_and_the_server_keeps_serv
 
     async def scenario() -> tuple[list[dict[str, Any]], dict[str, Any]]:
         async with httpx.AsyncClient(base_url=length_aware_server.url, headers=AUTH, timeout=300) as client:
-            capacity = (await client.get("/admin/status")).json()["scheduling"]["capacity"]
+            capacity = (await client.get("/admin/status?drafter=false")).json()["scheduling"]["capacity"]
             posts = [asyncio.create_task(client.post("/v1/completions", json=b)) for b in bodies]
             try:
                 await _until_waiting(client, 3 * CAPACITY, running=capacity)
@@ -140,7 +141,7 @@ def test_aborting_a_rollout_ends_its_waiting_sequences_and_the_server_keeps_serv
                 raise AssertionError(f"{error}; replies so far: {ended}") from None
             # frozen while the queue is read and the rollout aborted: no slot frees, so nothing is admitted
             assert (await client.post("/admin/pause", json={"mode": "keep"})).status_code == 200
-            queued = (await client.get("/admin/status")).json()["scheduling"]
+            queued = (await client.get("/admin/status?drafter=false")).json()["scheduling"]
             aborted = await client.post("/admin/abort_rollout", json={"rollout_id": rollout})
             assert aborted.status_code == 200
             # resumed before the replies are read: an engine add that the pause held runs after it
@@ -267,3 +268,13 @@ def test_weight_update_with_sequences_waiting_for_admission_loses_none_of_them(
     after = _status(length_aware_server)
     assert after["weight_version"] == "v3"
     assert (after["scheduling"]["running"], after["scheduling"]["waiting"]) == (0, 0)
+
+
+def test_status_for_polling_leaves_out_the_drafter_counters(length_aware_server: ServerProcess) -> None:
+    """``?drafter=false``: the queue and the server's own state, without the round trip to the engine's worker."""
+    reply = httpx.get(f"{length_aware_server.url}/admin/status?drafter=false", headers=AUTH, timeout=60)
+    assert reply.status_code == 200
+    body = reply.json()
+    assert body["drafter"] is None
+    assert body["scheduling"]["policy"] == "length-aware" and body["scheduling"]["capacity"] == CAPACITY + 1
+    assert _status(length_aware_server)["drafter"]["k"] >= 1  # the default still has them

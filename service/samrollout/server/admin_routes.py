@@ -204,15 +204,17 @@ async def reset_prefix_cache(request: Request) -> dict[str, Any]:
 
 
 @router.get("/status", responses=_ERRORS)
-async def status(request: Request) -> dict[str, Any]:
+async def status(request: Request, drafter: bool = True) -> dict[str, Any]:
     """Weight version, paused/sleeping, HTTP requests in flight, rollout scheduling, open weight uploads, drafter.
 
     ``sleeping`` is what /admin/sleep did, not the engine's ``is_sleeping()``, which is also
-    true while generation is merely paused.
+    true while generation is merely paused.  The drafter's counters come from the engine's
+    worker process, a round trip that can take seconds while the engine is busy:
+    ``?drafter=false`` leaves them out (``"drafter": null``), for polling the queue.
     """
     runtime = _runtime(request)
     return {"model": runtime.model_name, "weight_version": runtime.weight_version,
             "paused": await runtime.engine.is_paused(), "sleeping": runtime.sleep_level is not None,
             "sleep_level": runtime.sleep_level, "in_flight_requests": len(runtime.inflight),
             "scheduling": runtime.scheduling_status(), "weight_uploads": runtime.weight_uploads.status(),
-            "drafter": await runtime.drafter_stats()}
+            "drafter": await runtime.drafter_stats() if drafter else None}
