@@ -53,8 +53,10 @@ def test_the_longest_allowed_prompt_completes_while_other_requests_keep_streamin
             arrivals: list[list[float]] = [[] for _ in range(4)]
 
             async def stream(index: int) -> None:
+                # sampled: on CPU only greedy requests draft, so each stream takes its STREAM_TOKENS engine steps
+                # and cannot be over before the long prompt arrives
                 body = {"model": "tiny", "prompt": f"stream {index}", "max_tokens": STREAM_TOKENS, "ignore_eos": True,
-                        "temperature": 0, "stream": True}
+                        "temperature": 1.0, "seed": index, "stream": True}
                 async with client.stream("POST", "/v1/completions", json=body) as reply:
                     assert reply.status_code == 200
                     async for line in reply.aiter_lines():
