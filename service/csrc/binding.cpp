@@ -91,6 +91,21 @@ nb::list step_lists(Drafter& d, nb::handle requests, nb::handle rows_tokens, int
   return out;
 }
 
+// One int32 per request from a const Drafter query (last_match_lengths, last_sources), as a list.
+nb::list per_request(const Drafter& d, nb::handle requests,
+                     void (Drafter::*query)(const int64_t*, std::size_t, int32_t*) const) {
+  std::vector<int64_t> handles;
+  read_ints(requests.ptr(), handles, "requests must be a sequence of handles");
+  std::vector<int32_t> values(handles.size());
+  {
+    nb::gil_scoped_release release;
+    (d.*query)(handles.data(), handles.size(), values.data());
+  }
+  nb::list out;
+  for (int32_t value : values) out.append(value);
+  return out;
+}
+
 }  // namespace
 
 NB_MODULE(_sam_core, m) {
@@ -205,33 +220,11 @@ NB_MODULE(_sam_core, m) {
           "request"_a)
       .def(
           "last_match_lengths",
-          [](const Drafter& d, nb::handle requests) {
-            std::vector<int64_t> handles;
-            read_ints(requests.ptr(), handles, "requests must be a sequence of handles");
-            std::vector<int32_t> lengths(handles.size());
-            {
-              nb::gil_scoped_release release;
-              d.last_match_lengths(handles.data(), handles.size(), lengths.data());
-            }
-            nb::list out;
-            for (int32_t length : lengths) out.append(length);
-            return out;
-          },
+          [](const Drafter& d, nb::handle requests) { return per_request(d, requests, &Drafter::last_match_lengths); },
           "requests"_a)
       .def(
           "last_sources",
-          [](const Drafter& d, nb::handle requests) {
-            std::vector<int64_t> handles;
-            read_ints(requests.ptr(), handles, "requests must be a sequence of handles");
-            std::vector<int32_t> sources(handles.size());
-            {
-              nb::gil_scoped_release release;
-              d.last_sources(handles.data(), handles.size(), sources.data());
-            }
-            nb::list out;
-            for (int32_t source : sources) out.append(source);
-            return out;
-          },
+          [](const Drafter& d, nb::handle requests) { return per_request(d, requests, &Drafter::last_sources); },
           "requests"_a)
       .def("has_request", &Drafter::has_request, "request"_a)
       .def(
