@@ -96,27 +96,7 @@ class Automaton {
   // ends), shorter matches are tried, at most `kMaxFallbackHops` suffix links up,
   // keeping drafting O(1).
   int32_t continuation(int32_t sid, int32_t limit, int32_t* out, int32_t* match_length) const {
-    const Match& match = members_[sid - 1].match;
-    int32_t state = match.state;
-    Position anchor = match.anchor;
-    int32_t length = match.length;
-    for (int hop = 0; state > 0 && hop <= kMaxFallbackHops; ++hop) {
-      const int32_t source = anchor.sid == 0 ? sid : anchor.sid;
-      const int32_t available = static_cast<int32_t>(length_of(source)) - 1 - anchor.pos;
-      if (available > 0) {
-        const int32_t n = source == sid ? limit : (available < limit ? available : limit);
-        for (int32_t i = 0; i < n; ++i) {
-          out[i] = i < available ? token_at(source, anchor.pos + 1 + i) : out[i - available];
-        }
-        *match_length = length;
-        return n;
-      }
-      state = states_[state].link;
-      length = states_[state].len;
-      anchor = states_[state].first;
-    }
-    *match_length = 0;
-    return 0;
+    return continuation_from(members_[sid - 1].match, sid, limit, out, match_length);
   }
 
   // Adds a whole string (a finished response) as a new member; returns its string id.
@@ -154,27 +134,10 @@ class Automaton {
   }
 
   // Writes up to `limit` tokens that followed `match` (from `find`) into `out`; returns how
-  // many, with the length of the match they come from (shorter matches are tried, at most
-  // `kMaxFallbackHops` suffix links up, where an occurrence ends with its string).
+  // many, with the length of the match they come from (as `continuation`, for a string that
+  // is not a member).
   int32_t continuation_of(const Match& match, int32_t limit, int32_t* out, int32_t* match_length) const {
-    int32_t state = match.state;
-    Position anchor = match.anchor;
-    int32_t length = match.length;
-    for (int hop = 0; state > 0 && hop <= kMaxFallbackHops; ++hop) {
-      const int32_t available =
-          anchor.sid < 0 ? 0 : static_cast<int32_t>(length_of(anchor.sid)) - 1 - anchor.pos;
-      if (available > 0) {
-        const int32_t n = available < limit ? available : limit;
-        for (int32_t i = 0; i < n; ++i) out[i] = token_at(anchor.sid, anchor.pos + 1 + i);
-        *match_length = length;
-        return n;
-      }
-      state = states_[state].link;
-      length = states_[state].len;
-      anchor = states_[state].first;
-    }
-    *match_length = 0;
-    return 0;
+    return continuation_from(match, kNoMember, limit, out, match_length);
   }
 
   // Copies the last at most `limit` tokens of member `sid`'s string (prompt included) to
@@ -184,13 +147,6 @@ class Automaton {
     const int64_t n = total < limit ? total : limit;
     for (int64_t i = 0; i < n; ++i) out[i] = token_at(sid, static_cast<int32_t>(total - n + i));
     return static_cast<int32_t>(n);
-  }
-
-  // Tokens indexed: the prompt once plus every member's response.
-  int64_t num_tokens() const {
-    int64_t total = static_cast<int64_t>(prompt_.size());
-    for (const Member& m : members_) total += static_cast<int64_t>(m.tokens.size());
-    return total;
   }
 
   std::size_t memory_bytes() const {
@@ -210,6 +166,34 @@ class Automaton {
     std::vector<int32_t> tokens;  // the member's response so far
     Match match;                  // longest match of its current suffix
   };
+
+  static constexpr int32_t kNoMember = -1;
+
+  // The draft after `match` of the string `self` (a member's sid, or kNoMember).  An occurrence
+  // in the prompt continues into `self`'s own string, and one there continues periodically.
+  int32_t continuation_from(const Match& match, int32_t self, int32_t limit, int32_t* out,
+                            int32_t* match_length) const {
+    int32_t state = match.state;
+    Position anchor = match.anchor;
+    int32_t length = match.length;
+    for (int hop = 0; state > 0 && hop <= kMaxFallbackHops; ++hop) {
+      const int32_t source = anchor.sid == 0 && self != kNoMember ? self : anchor.sid;
+      const int32_t available = source < 0 ? 0 : static_cast<int32_t>(length_of(source)) - 1 - anchor.pos;
+      if (available > 0) {
+        const int32_t n = source == self ? limit : (available < limit ? available : limit);
+        for (int32_t i = 0; i < n; ++i) {
+          out[i] = i < available ? token_at(source, anchor.pos + 1 + i) : out[i - available];
+        }
+        *match_length = length;
+        return n;
+      }
+      state = states_[state].link;
+      length = states_[state].len;
+      anchor = states_[state].first;
+    }
+    *match_length = 0;
+    return 0;
+  }
 
   std::size_t length_of(int32_t sid) const {
     return sid == 0 ? prompt_.size() : length(sid);
