@@ -29,6 +29,7 @@ from samrollout.server.rl_fields import (
     rl_response_fields,
 )
 from samrollout.server.runtime import ServerRuntime
+from samrollout.server.stream_endings import StreamShape, close_unfinished_choices
 from samrollout.server.vllm_serving import validate_json_request, with_cancellation
 
 router = APIRouter(dependencies=[Depends(require_api_key)])
@@ -99,9 +100,10 @@ def outcomes_of(body: dict[str, Any]) -> list[SequenceOutcome]:
 
 
 class _StreamOutcomes:
-    """Per-choice token counts and finish reasons gathered from the chunks of a stream."""
+    """Per-choice token counts and finish reasons gathered from the chunks of a stream of ``choices`` choices."""
 
-    def __init__(self) -> None:
+    def __init__(self, choices: int) -> None:
+        self.choices = choices
         self.tokens: dict[int, int] = {}
         self.finish: dict[int, str | None] = {}
         self.spec: dict[str, Any] = {}
@@ -117,8 +119,10 @@ class _StreamOutcomes:
             self.spec = spec
 
     def outcomes(self) -> list[SequenceOutcome]:
-        accepted = self.spec.get("num_accepted_draft_tokens") if len(self.tokens) == 1 else None
-        return [SequenceOutcome(self.tokens[i], accepted, self.finish.get(i)) for i in sorted(self.tokens)]
+        """One outcome per choice; a choice the stream never finished (the client hung up) was aborted."""
+        accepted = self.spec.get("num_accepted_draft_tokens") if self.choices == 1 else None
+        return [SequenceOutcome(self.tokens.get(i, 0), accepted, self.finish.get(i) or "abort")
+                for i in range(self.choices)]
 
 
 async def _generate(runtime: ServerRuntime, request: AnyRolloutRequest,
@@ -143,7 +147,11 @@ async def _generate(runtime: ServerRuntime, request: AnyRolloutRequest,
                 rollout = None
             return JSONResponse(body)
         streaming = True
-        return StreamingResponse(_stream(runtime, result, tracked, fields, rollout, sequences),
+        prefix = "chatcmpl" if tracked.kind == "chat" else "cmpl"
+        shape = StreamShape(tracked.kind, f"{prefix}-{tracked.base_id}", request.model or runtime.model_name, sequences,
+                            bool(getattr(request, "return_token_ids", False)))
+        return StreamingResponse(_stream(runtime, close_unfinished_choices(result, shape), tracked, fields, rollout,
+                                         sequences),
                                  media_type="text/event-stream")
     finally:
         if rollout is not None and not streaming:
@@ -152,7 +160,7 @@ async def _generate(runtime: ServerRuntime, request: AnyRolloutRequest,
 
 async def _stream(runtime: ServerRuntime, chunks: AsyncIterator[str], tracked: InflightRequest,
                   fields: dict[str, Any], rollout: str | None, sequences: int) -> AsyncIterator[str]:
-    seen = _StreamOutcomes()
+    seen = _StreamOutcomes(sequences)
     try:
         with runtime.inflight.track(tracked):
             async for chunk in annotate_stream(chunks, {**fields, "weight_version": runtime.weight_version},
