@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import httpx
 import numpy as np
 import pytest
 
-from conftest import API_KEY, admin_status
+from conftest import API_KEY, admin_status, run_engine_jobs
 from samrollout import DraftPolicy, SamDrafter
 from samrollout.config import SpeculationConfig
 from samrollout.history import ResponseHistory, prompt_key
@@ -134,3 +135,24 @@ def test_a_second_rollout_of_a_prompt_joins_the_first_rollouts_response_and_keep
     assert second == first  # drafts only: the output is the model's
     assert after["joined_responses"] >= joined + 1
     assert 64 <= after["tokens"] <= after["max_tokens"]
+
+
+# Past the threshold only confident drafts run (a match of 8+ tokens); the second pass of the same twelve
+# prompts runs all twelve at once, never in the tail (one running), so its groups must join their history
+# while the batch is big for those drafts to see it.
+CONFIDENT_PAST_THE_THRESHOLD = {"k": 3, "threshold_mode": "static", "draft_range": [[1, 3]], "confident_match": 8,
+                                "policy": {"min_match_length": 1}}
+HISTORY_PROMPTS = [f"Epoch prompt {i}: list the steps to solve problem {i * 7} carefully." for i in range(12)]
+
+
+def test_with_confident_drafts_past_the_threshold_earlier_responses_join_while_the_batch_is_big(
+        tiny_dir: Path, tmp_path: Path) -> None:
+    greedy = {"temperature": 0, "max_tokens": 64, "ignore_eos": True}
+    jobs = [{"name": "first", "prompts": HISTORY_PROMPTS, "params": greedy},
+            {"name": "again", "prompts": HISTORY_PROMPTS, "params": greedy}]
+    run = run_engine_jobs(tiny_dir, CONFIDENT_PAST_THE_THRESHOLD, jobs, tmp_path / "history")
+    first, again = ([c["token_ids"] for choices in run["results"][job] for c in choices] for job in ("first", "again"))
+    assert again == first  # drafts only: the outputs are the model's
+    proposer = run["proposer"]
+    assert proposer["history"]["joined_responses"] >= len(HISTORY_PROMPTS)
+    assert proposer["confident_drafts"] > 0 and proposer["sources"]["group"]["accepted_tokens"] > 0

@@ -196,7 +196,9 @@ class SamProposer:
 
         drafts: list[list[int]] = [[] for _ in range(rows)]
         step_allowed = bool(ids) and self.gate.allow_step(running)
-        if step_allowed and self._unjoined:
+        # Earlier responses join a group before its first step that may draft: past the threshold
+        # too when long matches draft there (they are most of what confident drafts match).
+        if (step_allowed or self.config.confident_match) and self._unjoined:
             self._join_history(ids)
         if ids:
             proposed = self.drafter.step(ids, new_tokens, self.k)
