@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -89,6 +89,14 @@ def generate(run: dict[str, Any], prompt_ids: list[int], sampling: dict[str, Any
     return run["client"].generate(uuid.uuid4().hex, prompt_ids=prompt_ids, sampling_params=dict(sampling))
 
 
+async def _at_least(status: Awaitable[httpx.Response], in_flight: int) -> bool:
+    return int((await status).json()["in_flight_requests"]) >= in_flight
+
+
+async def _positive(value: Awaitable[float]) -> bool:
+    return await value > 0
+
+
 def test_verl_finds_the_samrollout_backend_through_its_plugin_entry_point() -> None:
     code = ("import verl\n"
             "from verl.workers.rollout.replica import get_rollout_replica_class\n"
@@ -142,8 +150,9 @@ def test_abort_all_requests_ends_running_responses_and_holds_new_ones_until_resu
         verl_run: dict[str, Any], verl_server: ServerProcess) -> None:
     replicas = verl_run["servers"].get_replicas()
     # Sampled responses (on CPU only greedy requests draft) of 400 tokens, sixteen through veRL beside 48 sent
-    # straight to the server: some ten seconds of engine work once all are in, so the abort (through veRL's
-    # replicas) lands while they run. Which finish first is the machine's business: every one ends "aborted"
+    # straight to the server. They are held by a pause until all 64 are in (veRL's first calls may take seconds
+    # to arrive), so they start together: some ten seconds of engine work, and the abort (through veRL's
+    # replicas) lands once they run. Which finish first is the machine's business: every one ends "aborted"
     # short of its length, or "completed" with all of it.
     long = {**GREEDY, "temperature": 1.0, "max_tokens": 400, "ignore_eos": True}
     load = [{"model": "tiny", "prompt": [1, 7, i], "max_tokens": 400, "ignore_eos": True, "temperature": 1.0,
@@ -153,12 +162,26 @@ def test_abort_all_requests_ends_running_responses_and_holds_new_ones_until_resu
         limits = httpx.Limits(max_connections=100, max_keepalive_connections=100)
         async with httpx.AsyncClient(base_url=verl_server.url, timeout=300, limits=limits,
                                      headers={"Authorization": f"Bearer {API_KEY}"}) as client:
-            posts = [asyncio.create_task(client.post("/v1/completions", json=body)) for body in load]
-            running = [asyncio.create_task(generate(verl_run, [1, 2, 3 + i], long)) for i in range(16)]
-            deadline = time.monotonic() + 60
-            while (await client.get("/admin/status", params={"drafter": "false"})).json()["in_flight_requests"] < 64:
-                assert time.monotonic() < deadline, "the responses never reached the server"
-                await asyncio.sleep(0.05)
+
+            async def gauge(prefix: str) -> float:
+                lines = (await client.get("/metrics")).text.splitlines()
+                return next((float(line.rsplit(" ", 1)[1]) for line in lines if line.startswith(prefix)), 0.0)
+
+            async def until(what: str, done: Callable[[], Awaitable[bool]]) -> None:
+                deadline = time.monotonic() + 120
+                while not await done():
+                    assert time.monotonic() < deadline, what
+                    await asyncio.sleep(0.05)
+
+            await client.post("/admin/pause", json={"mode": "keep"})
+            try:
+                posts = [asyncio.create_task(client.post("/v1/completions", json=body)) for body in load]
+                running = [asyncio.create_task(generate(verl_run, [1, 2, 3 + i], long)) for i in range(16)]
+                await until("the responses never reached the server",
+                            lambda: _at_least(client.get("/admin/status", params={"drafter": "false"}), 64))
+            finally:
+                await client.post("/admin/resume")
+            await until("nothing ran after the resume", lambda: _positive(gauge("vllm:num_requests_running")))
             await asyncio.gather(*(r.abort_all_requests() for r in replicas))
             held = asyncio.create_task(generate(verl_run, [1, 9, 9], GREEDY))
             await asyncio.sleep(1.5)
