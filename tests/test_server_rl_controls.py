@@ -23,20 +23,29 @@ def admin(server: ServerProcess, route: str, body: dict[str, Any] | None = None)
 
 
 
-def running_in_engine(server: ServerProcess) -> float:
-    """vLLM's own gauge of running requests, read from /metrics."""
+def metric(server: ServerProcess, name: str, missing: float | None = None) -> float:
+    """The first /metrics sample whose line starts with ``name``; ``missing`` if none (None: an error)."""
     for line in httpx.get(f"{server.url}/metrics", timeout=30).text.splitlines():
-        if line.startswith("vllm:num_requests_running"):
+        if line.startswith(name):
             return float(line.rsplit(" ", 1)[1])
-    raise AssertionError("vllm:num_requests_running not exported")
+    if missing is None:
+        raise AssertionError(f"{name} not exported")
+    return missing
+
+
+def running_in_engine(server: ServerProcess) -> float:
+    """vLLM's own gauge of running requests."""
+    return metric(server, "vllm:num_requests_running")
 
 
 def finished_as_aborted(server: ServerProcess) -> float:
-    """samrollout_requests_finished_total{finish_reason="abort"}, read from /metrics (0 before the first)."""
-    for line in httpx.get(f"{server.url}/metrics", timeout=30).text.splitlines():
-        if line.startswith('samrollout_requests_finished_total{finish_reason="abort"}'):
-            return float(line.rsplit(" ", 1)[1])
-    return 0.0
+    """samrollout_requests_finished_total{finish_reason="abort"} (0 before the first)."""
+    return metric(server, 'samrollout_requests_finished_total{finish_reason="abort"}', missing=0.0)
+
+
+def engine_tokens_generated(server: ServerProcess) -> float:
+    """vLLM's own counter of generated tokens."""
+    return metric(server, "vllm:generation_tokens_total")
 
 
 def wait_until_idle(server: ServerProcess, timeout: float = 60.0) -> None:
@@ -128,14 +137,6 @@ def test_streams_aborted_before_their_first_token_still_end_with_finish_reason_a
 
     completions, chat = asyncio.run(scenario())
     assert completions == ["abort", "abort"] and chat == ["abort"]
-
-
-def engine_tokens_generated(server: ServerProcess) -> float:
-    """vLLM's own counter of generated tokens, read from /metrics."""
-    for line in httpx.get(f"{server.url}/metrics", timeout=30).text.splitlines():
-        if line.startswith("vllm:generation_tokens_total"):
-            return float(line.rsplit(" ", 1)[1])
-    raise AssertionError("vllm:generation_tokens_total not exported")
 
 
 def test_client_disconnect_mid_stream_aborts_its_engine_request(tiny_server: ServerProcess) -> None:
