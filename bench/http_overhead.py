@@ -132,7 +132,7 @@ def vllm_serve_command(model: str, args: argparse.Namespace) -> tuple[Callable[[
     """Plain `vllm serve` with the engine settings `samrollout serve --no-speculation` runs, and its environment."""
     from vllm.platforms import current_platform
 
-    from samrollout.server.cpu_defaults import THREADS_BIND_ENV, worker_threads_bind
+    from samrollout.cpu_defaults import THREADS_BIND_ENV, worker_threads_bind
 
     settings = _settings(model, args, speculation=False)
     ours = settings.vllm_argv(model, current_platform.is_cpu(), per_request_metrics_flags=False)

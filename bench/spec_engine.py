@@ -5,7 +5,8 @@
 Every mode runs in its own process on the same prompts (greedy: on vLLM's CPU backend
 SAM drafts only for greedy requests, see README): decode throughput at several batch
 sizes, then a rollout-shaped workload whose max_tokens are heavy-tailed, reporting its
-makespan and the time spent in the tail (at most --tail requests running).  Requests for
+makespan, the time and engine steps spent in the tail (at most --tail requests running), and
+its mean acceptance length.  Requests for
 the same prompt carry one group id, as the trainer client sends GRPO siblings (--no-groups:
 none); with greedy decoding such siblings are identical, the best case for drafting across
 them (and for vLLM's suffix method, whose global cache holds earlier responses).  With
@@ -107,6 +108,9 @@ def run_mode(mode: str, args: argparse.Namespace) -> dict[str, Any]:
     import numpy as np
     from vllm import LLM, SamplingParams
 
+    from samrollout.engine import use_every_cpu_core
+
+    use_every_cpu_core()  # every mode's worker gets the cores the server gives it
     llm = LLM(**_engine_args(mode, args.k, args.threshold))
     chats = [[{"role": "user", "content": q}] for q in QUESTIONS]
     llm.chat(chats[:2], SamplingParams(temperature=0, max_tokens=16), use_tqdm=False)  # warm-up
@@ -135,21 +139,31 @@ def run_mode(mode: str, args: argparse.Namespace) -> dict[str, Any]:
     convs = [chats[i % len(chats)] for i in range(args.rollout)]
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True, extra_args=_group(i, len(chats), args))
               for i, n in enumerate(lengths)]
+    before = _spec_counts(llm)
     start = time.perf_counter()
     finished: list[float] = []
+    steps = tail_steps = 0
     for i, conv in enumerate(convs):
         llm.llm_engine.add_request(f"r{i}", llm.get_tokenizer().apply_chat_template(conv, tokenize=False,
                                                                                    add_generation_prompt=True),
                                    params[i])
     while llm.llm_engine.has_unfinished_requests():
+        steps += 1
+        tail_steps += len(finished) >= args.rollout - args.tail  # at most --tail requests left running
         for output in llm.llm_engine.step():
             if output.finished:
                 finished.append(time.perf_counter() - start)
+    after = _spec_counts(llm)
+    drafts = after.get("vllm:spec_decode_num_drafts", 0) - before.get("vllm:spec_decode_num_drafts", 0)
+    accepted = (after.get("vllm:spec_decode_num_accepted_tokens", 0)
+                - before.get("vllm:spec_decode_num_accepted_tokens", 0))
     makespan = max(finished)
     finished.sort()
     tail_start = finished[-args.tail - 1] if len(finished) > args.tail else 0.0
     out["rollout"] = {"requests": args.rollout, "tokens": sum(lengths), "makespan_s": makespan,
-                      "tail_s": makespan - tail_start, "tail_share": (makespan - tail_start) / makespan}
+                      "tail_s": makespan - tail_start, "tail_share": (makespan - tail_start) / makespan,
+                      "steps": steps, "tail_steps": tail_steps,
+                      "mean_acceptance_length": 1 + accepted / drafts if drafts else 1.0}
     setting = MODES[mode]
     if setting is not None and setting["method"] == "sam":
         proposer = llm.collective_rpc(proposer_stats)[0]
@@ -229,7 +243,9 @@ def summarise(mode: str, mode_runs: list[dict[str, Any]]) -> dict[str, Any]:
     summary: dict[str, Any] = {
         "mode": mode, "repeats": len(mode_runs), "batches": batches,
         "rollout": {"makespan_s": median(makespans), "makespan_range_s": [min(makespans), max(makespans)],
-                    "tail_s": median(tails), "tail_range_s": [min(tails), max(tails)]},
+                    "tail_s": median(tails), "tail_range_s": [min(tails), max(tails)],
+                    **{key: median([run["rollout"].get(key, float("nan")) for run in mode_runs])
+                       for key in ("steps", "tail_steps", "mean_acceptance_length")}},
         "runs": mode_runs}
     if "drafter_us_per_step" in mode_runs[0]:
         summary["drafter_us_per_step"] = median([run["drafter_us_per_step"] for run in mode_runs])
@@ -239,13 +255,15 @@ def summarise(mode: str, mode_runs: list[dict[str, Any]]) -> dict[str, Any]:
 def print_table(results: list[dict[str, Any]], batch_sizes: list[int]) -> None:
     """Medians over the repeats; the makespan's range in brackets."""
     header = f"{'mode':<14}" + "".join(f"{f'tok/s@{b}':>11}{'MAL':>6}" for b in batch_sizes)
-    header += f"{'makespan s [range]':>22}{'tail s':>8}{'drafter us':>12}"
+    header += f"{'makespan s [range]':>22}{'tail s':>8}{'steps':>7}{'tail':>6}{'MAL':>6}{'drafter us':>12}"
     print(header)
     for r in results:
         row = f"{r['mode']:<14}" + "".join(f"{b['tokens_per_s']:>11.1f}{b['mean_acceptance_length']:>6.2f}"
                                            for b in r["batches"])
         low, high = r["rollout"]["makespan_range_s"]
         row += f"{r['rollout']['makespan_s']:>9.2f} [{low:5.2f}-{high:5.2f}]{r['rollout']['tail_s']:>8.2f}"
+        rollout = r["rollout"]
+        row += f"{rollout['steps']:>7.0f}{rollout['tail_steps']:>6.0f}{rollout['mean_acceptance_length']:>6.2f}"
         row += f"{r.get('drafter_us_per_step', float('nan')):>12.1f}"
         print(row)
     for r in results:

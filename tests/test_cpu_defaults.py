@@ -3,9 +3,19 @@ small machine, chunked prefill on; each overridable."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
-from samrollout.server.cpu_defaults import THREADS_BIND_ENV, cpu_dtype, cpu_flags, worker_threads_bind
+import pytest
+
+from samrollout.cpu_defaults import (
+    THREADS_BIND_ENV,
+    cpu_dtype,
+    cpu_flags,
+    place_cpu_worker_threads,
+    usable_cores,
+    worker_threads_bind,
+)
 from samrollout.server.settings import ServerSettings
 
 AVX2 = frozenset({"fpu", "avx", "avx2", "fma"})
@@ -32,6 +42,16 @@ def test_a_small_machine_binds_the_worker_to_every_core_unless_the_user_chose() 
     assert worker_threads_bind({}, [0, 1]) == "0,1"
     assert worker_threads_bind({THREADS_BIND_ENV: "0"}, [0, 1]) is None
     assert worker_threads_bind({}, list(range(32))) is None  # vLLM's own placement on big machines
+
+
+def test_placing_the_worker_threads_sets_the_binding_and_keeps_the_users(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the server and `build_llm` / `build_async_engine` run before vLLM spawns its worker."""
+    monkeypatch.delenv(THREADS_BIND_ENV, raising=False)
+    expected = worker_threads_bind({}, usable_cores())
+    assert place_cpu_worker_threads() == expected
+    assert os.environ.get(THREADS_BIND_ENV) == expected
+    monkeypatch.setenv(THREADS_BIND_ENV, "0")
+    assert place_cpu_worker_threads() is None and os.environ[THREADS_BIND_ENV] == "0"  # the user's value wins
 
 
 def test_cpu_engines_run_eager_with_chunked_prefill_unless_asked_otherwise() -> None:

@@ -1,4 +1,4 @@
-"""The stream wrapper that gives every streamed choice a finish reason (vLLM skips choices with no output)."""
+"""The stream pass that gives every streamed choice a finish reason (vLLM skips choices with no output)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
-from samrollout.server.stream_endings import StreamShape, close_unfinished_choices
+from samrollout.server.rl_fields import annotate_stream
+from samrollout.server.stream_endings import ChoiceEndings, StreamShape
 
 COMPLETION = StreamShape("completion", "cmpl-base", "tiny", choices=2, token_ids=True)
 
@@ -21,13 +22,16 @@ def choice(index: int, finish: str | None, text: str = "x") -> dict[str, Any]:
             "choices": [{"index": index, "text": text, "finish_reason": finish}]}
 
 
-def through(chunks: list[str], shape: StreamShape = COMPLETION) -> list[dict[str, Any] | str]:
+def through(chunks: list[str], shape: StreamShape = COMPLETION, fields: dict[str, Any] | None = None,
+            seen: list[dict[str, Any]] | None = None) -> list[dict[str, Any] | str]:
+    """The events a client gets from the server's stream pass over vLLM's ``chunks``."""
     async def source() -> AsyncIterator[str]:
         for chunk in chunks:
             yield chunk
 
     async def collect() -> str:
-        return "".join([c async for c in close_unfinished_choices(source(), shape)])
+        see = seen.append if seen is not None else None
+        return "".join([c async for c in annotate_stream(source(), fields or {}, see, ChoiceEndings(shape))])
 
     events = [e for e in asyncio.run(collect()).split("\n\n") if e]
     return [json.loads(e[6:]) if e.startswith("data: {") else e for e in events]
@@ -75,3 +79,13 @@ def test_chat_streams_close_with_an_empty_delta() -> None:
     closing = out[0]
     assert isinstance(closing, dict) and closing["object"] == "chat.completion.chunk"
     assert closing["choices"] == [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": "abort"}]
+
+
+def test_closing_chunks_carry_the_rl_fields_and_count_as_the_choices_ending() -> None:
+    seen: list[dict[str, Any]] = []
+    out = through([event(choice(0, "stop")), "data: [DONE]\n\n"], fields={"rollout_id": "r1", "group_id": "g"},
+                  seen=seen)
+    closing = out[1]
+    assert isinstance(closing, dict) and closing["choices"][0]["finish_reason"] == "abort"
+    assert (closing["rollout_id"], closing["group_id"]) == ("r1", "g")
+    assert [c["choices"][0]["finish_reason"] for c in seen] == ["stop", "abort"]  # what the rollout summary counts

@@ -41,10 +41,22 @@ def vllm_speculative_config(speculation: SpeculationConfig) -> dict[str, Any]:
     return config
 
 
+def use_every_cpu_core() -> None:
+    """On vLLM's CPU backend on a small machine, bind the worker's threads to every core, as the server does
+    (`cpu_defaults.place_cpu_worker_threads`: vLLM's own binding leaves a 2-core machine's worker one core)."""
+    from vllm.platforms import current_platform
+
+    from samrollout.cpu_defaults import place_cpu_worker_threads
+
+    if current_platform.is_cpu():
+        place_cpu_worker_threads()
+
+
 def build_llm(model: str, speculation: SpeculationConfig | None = None, **overrides: Any) -> Any:
     """An offline ``vllm.LLM`` with SAM speculation (call under ``if __name__ == "__main__":``)."""
     from vllm import LLM
 
+    use_every_cpu_core()
     return LLM(**engine_kwargs(model, speculation, **overrides))
 
 
@@ -53,4 +65,5 @@ def build_async_engine(model: str, speculation: SpeculationConfig | None = None,
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.v1.engine.async_llm import AsyncLLM
 
+    use_every_cpu_core()
     return AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_kwargs(model, speculation, **overrides)))

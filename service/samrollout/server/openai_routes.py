@@ -29,7 +29,7 @@ from samrollout.server.rl_fields import (
     rl_response_fields,
 )
 from samrollout.server.runtime import ServerRuntime
-from samrollout.server.stream_endings import StreamShape, close_unfinished_choices
+from samrollout.server.stream_endings import ChoiceEndings, StreamShape
 from samrollout.server.vllm_serving import validate_json_request, with_cancellation
 
 router = APIRouter(dependencies=[Depends(require_api_key)])
@@ -150,21 +150,21 @@ async def _generate(runtime: ServerRuntime, request: AnyRolloutRequest,
         prefix = "chatcmpl" if tracked.kind == "chat" else "cmpl"
         shape = StreamShape(tracked.kind, f"{prefix}-{tracked.base_id}", request.model or runtime.model_name, sequences,
                             bool(getattr(request, "return_token_ids", False)))
-        return StreamingResponse(_stream(runtime, close_unfinished_choices(result, shape), tracked, fields, rollout,
-                                         sequences),
+        return StreamingResponse(_stream(runtime, result, ChoiceEndings(shape), tracked, fields, rollout, sequences),
                                  media_type="text/event-stream")
     finally:
         if rollout is not None and not streaming:
             runtime.rollouts.end(rollout, sequences, [])
 
 
-async def _stream(runtime: ServerRuntime, chunks: AsyncIterator[str], tracked: InflightRequest,
-                  fields: dict[str, Any], rollout: str | None, sequences: int) -> AsyncIterator[str]:
+async def _stream(runtime: ServerRuntime, chunks: AsyncIterator[str], endings: ChoiceEndings,
+                  tracked: InflightRequest, fields: dict[str, Any], rollout: str | None,
+                  sequences: int) -> AsyncIterator[str]:
     seen = _StreamOutcomes(sequences)
     try:
         with runtime.inflight.track(tracked):
             async for chunk in annotate_stream(chunks, {**fields, "weight_version": runtime.weight_version},
-                                               seen.see):
+                                               seen.see, endings):
                 yield chunk
     finally:
         if rollout is not None:

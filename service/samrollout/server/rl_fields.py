@@ -23,6 +23,7 @@ from pydantic import Field, PrivateAttr
 
 from samrollout.config import GROUP_FIELD
 from samrollout.server.prompt_limits import PromptLimits, with_prompt_limits
+from samrollout.server.stream_endings import ChoiceEndings
 from samrollout.server.vllm_serving import ChatCompletionRequest, CompletionRequest
 
 ROLLOUT_FIELD = "samrollout_rollout"
@@ -88,25 +89,35 @@ def rl_response_fields(request: AnyRolloutRequest) -> dict[str, Any]:
 
 
 async def annotate_stream(chunks: AsyncIterator[str], fields: dict[str, Any],
-                          see: Callable[[dict[str, Any]], None] | None = None) -> AsyncIterator[str]:
-    """Add ``fields`` to each ``data: {...}`` event of vLLM's SSE stream (showing each to ``see``)."""
+                          see: Callable[[dict[str, Any]], None] | None = None,
+                          endings: ChoiceEndings | None = None) -> AsyncIterator[str]:
+    """Add ``fields`` to each ``data: {...}`` event of vLLM's SSE stream (showing each to ``see``), and insert the
+    closing chunks ``endings`` owes to choices that never finished: one JSON parse per event for all of it."""
     async for chunk in chunks:
-        yield _annotate_events(chunk, fields, see)
+        yield _annotate_events(chunk, fields, see, endings)
 
 
-def _annotate_events(chunk: str, fields: dict[str, Any], see: Callable[[dict[str, Any]], None] | None) -> str:
-    out = []
+def _annotate_events(chunk: str, fields: dict[str, Any], see: Callable[[dict[str, Any]], None] | None,
+                     endings: ChoiceEndings | None) -> str:
+    out: list[str] = []
     for event in chunk.split("\n\n"):
+        payload: dict[str, Any] | None = None
         if event.startswith("data: {"):
             try:
                 payload = json.loads(event[len("data: "):])
             except json.JSONDecodeError:
-                out.append(event)
-                continue
-            if isinstance(payload, dict) and "error" not in payload:
-                if see is not None:
-                    see(payload)
-                payload.update(fields)
-            event = "data: " + json.dumps(payload, separators=(",", ":"))
+                payload = None  # passed on as vLLM sent it
+        if endings is not None:
+            out.extend(_annotated(closing, fields, see) for closing in endings.before(event, payload))
+        if payload is not None and "error" not in payload:
+            event = _annotated(payload, fields, see)
         out.append(event)
     return "\n\n".join(out)
+
+
+def _annotated(payload: dict[str, Any], fields: dict[str, Any], see: Callable[[dict[str, Any]], None] | None) -> str:
+    """One chunk as the client gets it: shown to ``see``, with ``fields`` added, as an SSE ``data:`` line."""
+    if see is not None:
+        see(payload)
+    payload.update(fields)
+    return "data: " + json.dumps(payload, separators=(",", ":"))

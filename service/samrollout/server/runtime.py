@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -160,16 +159,6 @@ class ServerRuntime:
         return first
 
 
-def place_cpu_worker_threads() -> None:
-    """On a small CPU machine, let the worker's threads use every core (`cpu_defaults.worker_threads_bind`)."""
-    from samrollout.server.cpu_defaults import THREADS_BIND_ENV, worker_threads_bind
-
-    bind = worker_threads_bind()
-    if bind is not None:
-        os.environ[THREADS_BIND_ENV] = bind
-        logger.info("CPU worker threads on cores %s (%s=%s; set it to override)", bind, THREADS_BIND_ENV, bind)
-
-
 def build_engine(settings: ServerSettings, model_path: str) -> tuple[Any, argparse.Namespace]:
     """The AsyncLLM `samrollout serve` runs for ``settings`` and vLLM's parsed server arguments.
 
@@ -181,6 +170,7 @@ def build_engine(settings: ServerSettings, model_path: str) -> tuple[Any, argpar
     from vllm.usage.usage_lib import UsageContext
     from vllm.v1.engine.async_llm import AsyncLLM
 
+    from samrollout.cpu_defaults import place_cpu_worker_threads
     from samrollout.metrics.engine_stats import SamStatLogger
 
     if current_platform.is_cpu():

@@ -22,10 +22,10 @@ from samrollout.config import (
     default_draft_range,
     parse_draft_range,
 )
+from samrollout.cpu_defaults import cpu_dtype
 from samrollout.drafter import DraftPolicy
 from samrollout.engine import vllm_speculative_config
 from samrollout.server.admission import SCHEDULING_POLICIES, SchedulingPolicy
-from samrollout.server.cpu_defaults import cpu_dtype
 from samrollout.spec_decode.worker_extension import WORKER_EXTENSION_CLASS
 
 BUILTIN_MODEL_NAME = "smollm2-135m-instruct"

@@ -4,16 +4,14 @@ vLLM's streaming handlers skip a choice's chunks while it has no output yet, and
 (pause with abort, abort of a rollout, a dead engine) can end a choice right there: its
 stream then closes with ``data: [DONE]`` and no chunk ever names that choice.  A trainer
 waiting for ``finish_reason`` (to resume a partial rollout, or to count it aborted) would
-see nothing.  This wrapper adds, before the usage chunk or ``[DONE]``, one closing chunk
+see nothing.  `ChoiceEndings` adds, before the usage chunk or ``[DONE]``, one closing chunk
 with ``finish_reason: "abort"`` for each choice that had none (no other ending leaves a
 choice without output: a stop or length ending carries the token that ended it).
 """
 
 from __future__ import annotations
 
-import json
 import time
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,59 +28,51 @@ class StreamShape:
     token_ids: bool = False  # the request asked for token ids (completions' ``return_token_ids``)
 
 
-async def close_unfinished_choices(chunks: AsyncIterator[str], shape: StreamShape) -> AsyncIterator[str]:
-    """Pass vLLM's SSE ``chunks`` through, adding an ``abort`` chunk for each choice that never finished."""
-    finished: set[int] = set()
-    failed = closed = False
-    header: dict[str, Any] = {"id": shape.request_id, "created": int(time.time()), "model": shape.model}
-    async for chunk in chunks:
-        if closed:
-            yield chunk
-            continue
-        events = chunk.split("\n\n")
-        for position, event in enumerate(events):
-            payload = _payload(event)
-            if payload is not None and "error" in payload:
-                failed = True
-            elif payload is not None and payload.get("choices"):
-                header.update({key: payload[key] for key in header if key in payload})
-                finished.update(int(c.get("index", 0)) for c in payload["choices"] if c.get("finish_reason"))
-            elif event.startswith("data: [DONE]") or (payload is not None and "usage" in payload):
-                closed = True  # the last choice chunk is past: the usage chunk or the end follows
-                missing = [] if failed else [i for i in range(shape.choices) if i not in finished]
-                if missing:
-                    before = "\n\n".join(events[:position])
-                    after = "\n\n".join(events[position:])
-                    yield (before + "\n\n" if before else "") + _closing_events(shape, header, missing) + after
-                    break
-        else:
-            yield chunk
+class ChoiceEndings:
+    """Which choices of one stream finished, and the ``abort`` chunks owed to those that never did.
+
+    Shown every event of the stream in order, once, by `rl_fields.annotate_stream`, which
+    parses each event's JSON a single time for everything the server does with the stream.
+    """
+
+    def __init__(self, shape: StreamShape) -> None:
+        self.shape = shape
+        self.finished: set[int] = set()
+        self.failed = self.closed = False
+        self.header: dict[str, Any] = {"id": shape.request_id, "created": int(time.time()), "model": shape.model}
+
+    def before(self, event: str, payload: dict[str, Any] | None) -> list[dict[str, Any]]:
+        """The closing chunks to send before ``event`` (``payload``: its JSON object, if it has one).
+
+        Empty except once: before the usage chunk or ``[DONE]``, one per choice with no finish
+        reason yet (none after an error: a stream that carried an error gets no invented ending).
+        """
+        if self.closed:
+            return []
+        if payload is not None and "error" in payload:
+            self.failed = True
+        elif payload is not None and payload.get("choices"):
+            self.header.update({key: payload[key] for key in self.header if key in payload})
+            self.finished.update(int(c.get("index", 0)) for c in payload["choices"] if c.get("finish_reason"))
+        elif event.startswith("data: [DONE]") or (payload is not None and "usage" in payload):
+            self.closed = True  # the last choice chunk is past: the usage chunk or the end follows
+            if not self.failed:
+                return [closing_chunk(self.shape, self.header, index)
+                        for index in range(self.shape.choices) if index not in self.finished]
+        return []
 
 
-def _payload(event: str) -> dict[str, Any] | None:
-    if not event.startswith("data: {"):
-        return None
-    try:
-        payload = json.loads(event[len("data: "):])
-    except json.JSONDecodeError:
-        return None
-    return payload if isinstance(payload, dict) else None
-
-
-def _closing_events(shape: StreamShape, header: dict[str, Any], indices: list[int]) -> str:
-    """One SSE event per choice index, shaped as vLLM's own last chunk of that kind (``header``: id, created, model)."""
-    events = []
-    for index in indices:
-        choice: dict[str, Any]
-        if shape.kind == "chat":
-            choice = {"index": index, "delta": {}, "logprobs": None, "finish_reason": "abort"}
-            kind = "chat.completion.chunk"
-        else:
-            choice = {"index": index, "text": "", "logprobs": None, "finish_reason": "abort"}
-            if shape.token_ids:
-                choice["token_ids"] = []
-            kind = "text_completion"
-        body = {"id": header["id"], "object": kind, "created": header["created"], "model": header["model"],
-                "choices": [choice]}
-        events.append("data: " + json.dumps(body, separators=(",", ":")) + "\n\n")
-    return "".join(events)
+def closing_chunk(shape: StreamShape, header: dict[str, Any], index: int) -> dict[str, Any]:
+    """Choice ``index``'s ``abort`` chunk, shaped as vLLM's own last chunk of that kind (``header``: id, created,
+    model)."""
+    choice: dict[str, Any]
+    if shape.kind == "chat":
+        choice = {"index": index, "delta": {}, "logprobs": None, "finish_reason": "abort"}
+        kind = "chat.completion.chunk"
+    else:
+        choice = {"index": index, "text": "", "logprobs": None, "finish_reason": "abort"}
+        if shape.token_ids:
+            choice["token_ids"] = []
+        kind = "text_completion"
+    return {"id": header["id"], "object": kind, "created": header["created"], "model": header["model"],
+            "choices": [choice]}

@@ -15,11 +15,13 @@ Measured on a 2-core AMD EPYC (AVX2, no native bfloat16) with the built-in SmolL
   that reservation is a large share: on 2 cores it leaves the worker one, at 125 tokens/s
   (16 concurrent) against 185 with both.  Below `SMALL_MACHINE_CORES` allowed cores the
   server binds the worker to all of them; a ``VLLM_CPU_OMP_THREADS_BIND`` set by the user
-  always wins.
+  always wins.  The server and the Python API's engine builders (`samrollout.engine`) both
+  apply it (`place_cpu_worker_threads`).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from functools import cache
 from pathlib import Path
@@ -71,3 +73,14 @@ def worker_threads_bind(environ: dict[str, str] | None = None, cores: list[int] 
     if len(cores) >= SMALL_MACHINE_CORES:
         return None
     return ",".join(str(core) for core in cores)
+
+
+def place_cpu_worker_threads() -> str | None:
+    """On a small CPU machine, let the worker's threads use every core (`worker_threads_bind`); call before the
+    engine starts its processes.  Returns the binding set, if any."""
+    bind = worker_threads_bind()
+    if bind is not None:
+        os.environ[THREADS_BIND_ENV] = bind
+        logging.getLogger("samrollout.cpu").info("CPU worker threads on cores %s (%s=%s; set it to override)",
+                                                 bind, THREADS_BIND_ENV, bind)
+    return bind
