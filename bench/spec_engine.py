@@ -42,6 +42,9 @@ MODES: dict[str, dict[str, Any] | None] = {
     "sam-static-m2": {"method": "sam", "threshold_mode": "static", "min_match_length": 2},
     "sam-static-m4": {"method": "sam", "threshold_mode": "static", "min_match_length": 4},
     # SpeculationConfig.confident_match: past the threshold, rows whose match is at least this long draft.
+    # DraftPolicy.max_global_tokens: a global index of finished responses to every prompt (off by default).
+    "sam-static-global": {"method": "sam", "threshold_mode": "static", "max_global_tokens": 1 << 20},
+    "sam-always-global": {"method": "sam", "threshold_mode": "off", "max_global_tokens": 1 << 20},
     "sam-confident-16": {"method": "sam", "threshold_mode": "static", "confident_match": 16},
     "sam-confident-32": {"method": "sam", "threshold_mode": "static", "confident_match": 32},
     "sam-confident-64": {"method": "sam", "threshold_mode": "static", "confident_match": 64},
@@ -78,7 +81,8 @@ def _engine_args(mode: str, k: int, threshold: int) -> dict[str, Any]:
                              **base)
     from samrollout.drafter import DraftPolicy
 
-    policy = DraftPolicy(min_match_length=setting.get("min_match_length", "auto"))
+    policy = DraftPolicy(min_match_length=setting.get("min_match_length", "auto"),
+                         max_global_tokens=setting.get("max_global_tokens", DraftPolicy.max_global_tokens))
     config = SpeculationConfig(k=k, threshold_mode=setting["threshold_mode"], threshold=threshold, policy=policy,
                                confident_match=setting.get("confident_match", SpeculationConfig.confident_match))
     return engine_kwargs(model, config, **base)
