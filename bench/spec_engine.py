@@ -100,6 +100,16 @@ def _spec_counts(llm: Any) -> dict[str, float]:
                           "vllm:spec_decode_num_draft_tokens")}
 
 
+def _acceptance(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """Mean acceptance length and acceptance rate between two `_spec_counts` readings."""
+    def grew(name: str) -> float:
+        return after.get(f"vllm:spec_decode_num_{name}", 0) - before.get(f"vllm:spec_decode_num_{name}", 0)
+
+    drafts, accepted, drafted = grew("drafts"), grew("accepted_tokens"), grew("draft_tokens")
+    return {"mean_acceptance_length": 1 + accepted / drafts if drafts else 1.0,
+            "acceptance_rate": accepted / drafted if drafted else 0.0}
+
+
 def _group(index: int, prompts: int, args: argparse.Namespace) -> dict[str, Any] | None:
     """Requests for the same prompt share a group id (as the trainer client sets for GRPO siblings)."""
     from samrollout.config import GROUP_FIELD
@@ -128,15 +138,8 @@ def run_mode(mode: str, args: argparse.Namespace) -> dict[str, Any]:
         results = llm.chat(convs, params, use_tqdm=False)
         seconds = time.perf_counter() - start
         tokens = sum(len(r.outputs[0].token_ids) for r in results)
-        after = _spec_counts(llm)
-        drafts = after.get("vllm:spec_decode_num_drafts", 0) - before.get("vllm:spec_decode_num_drafts", 0)
-        accepted = (after.get("vllm:spec_decode_num_accepted_tokens", 0)
-                    - before.get("vllm:spec_decode_num_accepted_tokens", 0))
-        drafted = (after.get("vllm:spec_decode_num_draft_tokens", 0)
-                   - before.get("vllm:spec_decode_num_draft_tokens", 0))
         out["batches"].append({"batch": batch, "tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds,
-                               "mean_acceptance_length": 1 + accepted / drafts if drafts else 1.0,
-                               "acceptance_rate": accepted / drafted if drafted else 0.0})
+                               **_acceptance(before, _spec_counts(llm))})
     # Rollout: heavy-tailed lengths (most short, a few long), all submitted at once.
     rng = np.random.default_rng(0)
     lengths = np.minimum((rng.pareto(1.2, size=args.rollout) + 1) * 24, args.rollout_max).astype(int).tolist()
@@ -157,17 +160,14 @@ def run_mode(mode: str, args: argparse.Namespace) -> dict[str, Any]:
         for output in llm.llm_engine.step():
             if output.finished:
                 finished.append(time.perf_counter() - start)
-    after = _spec_counts(llm)
-    drafts = after.get("vllm:spec_decode_num_drafts", 0) - before.get("vllm:spec_decode_num_drafts", 0)
-    accepted = (after.get("vllm:spec_decode_num_accepted_tokens", 0)
-                - before.get("vllm:spec_decode_num_accepted_tokens", 0))
+    acceptance = _acceptance(before, _spec_counts(llm))
     makespan = max(finished)
     finished.sort()
     tail_start = finished[-args.tail - 1] if len(finished) > args.tail else 0.0
     out["rollout"] = {"requests": args.rollout, "tokens": sum(lengths), "makespan_s": makespan,
                       "tail_s": makespan - tail_start, "tail_share": (makespan - tail_start) / makespan,
                       "steps": steps, "tail_steps": tail_steps,
-                      "mean_acceptance_length": 1 + accepted / drafts if drafts else 1.0}
+                      "mean_acceptance_length": acceptance["mean_acceptance_length"]}
     setting = MODES[mode]
     if setting is not None and setting["method"] == "sam":
         proposer = llm.collective_rpc(proposer_stats)[0]
