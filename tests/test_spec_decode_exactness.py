@@ -143,6 +143,12 @@ def test_long_draft_logprobs_are_the_target_models_and_long_drafts_were_accepted
     assert long_draft_run["proposer"]["confident_drafts"] > 0  # rows drafted past the range, on long matches
 
 
+def test_confident_drafts_past_the_range_are_no_longer_than_k(long_draft_run):
+    proposer = long_draft_run["proposer"]
+    assert proposer["confident_k"] == SAM_LONG_DRAFTS["k"] == 3  # the range drafts 16 in the tail
+    assert 0 < proposer["longest_confident_draft"] <= 3
+
+
 def test_the_global_index_drafts_from_earlier_responses_and_its_drafts_are_accepted(long_draft_run):
     sources = long_draft_run["proposer"]["sources"]
     assert sources["global"]["draft_tokens"] > 0 and sources["global"]["accepted_tokens"] > 0

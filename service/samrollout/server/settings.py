@@ -62,7 +62,7 @@ class ServerSettings(BaseSettings):
     confident_match: int = Field(
         SpeculationConfig.confident_match, ge=0, le=1 << 30,
         description="past the threshold, rows whose draft comes from a match of at least this many tokens "
-        "still draft (0: off)")
+        "still draft, at most --k tokens (0: off)")
     draft_history_responses: int = Field(
         SpeculationConfig.history_responses, ge=1, le=1024,
         description="earlier responses kept per prompt (the newest)")

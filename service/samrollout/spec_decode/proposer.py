@@ -78,7 +78,11 @@ class SamProposer:
         spec = vllm_config.speculative_config
         extra = vllm_config.additional_config or {}
         settings = dict(extra.get(ADDITIONAL_CONFIG_KEY, {})) if isinstance(extra, dict) else {}
-        settings["k"] = int(spec.num_speculative_tokens)
+        largest = int(spec.num_speculative_tokens)
+        # Past the threshold confident drafts take the configured k, not the tail's longer range: the batch
+        # is bigger there and long drafts are accepted less (SpeculationConfig.confident_match).
+        self.confident_k = min(int(settings.get("k", largest)), largest)
+        settings["k"] = largest
         self.config = SpeculationConfig.from_json(settings)
         self.k = self.config.k
         self.max_model_len = int(vllm_config.model_config.max_model_len)
@@ -115,6 +119,7 @@ class SamProposer:
         self.accepted_tokens = 0
         self.sampled_rows_skipped = 0
         self.confident_drafts = 0  # rows drafted past the threshold on a long match (confident_match)
+        self.longest_confident_draft = 0  # tokens (at most confident_k)
         self.propose_seconds = 0.0
         self.step_seconds_counts = [0] * (len(STEP_SECONDS_BUCKETS) + 1)  # last: above every bound
         self.last_step_drafted = False
@@ -134,6 +139,7 @@ class SamProposer:
         return {"steps": self.steps, "draft_tokens": self.draft_tokens, "accepted_tokens": self.accepted_tokens,
                 "sampled_rows_skipped": self.sampled_rows_skipped, "active_requests": self.active_requests,
                 "confident_match": self.config.confident_match, "confident_drafts": self.confident_drafts,
+                "confident_k": self.confident_k, "longest_confident_draft": self.longest_confident_draft,
                 "propose_seconds": self.propose_seconds, "step_seconds_counts": list(self.step_seconds_counts),
                 "last_step_drafted": self.last_step_drafted, "k": self.k, "threshold": self.config.threshold,
                 "draft_range": [list(pair) for pair in self.config.effective_range()],
@@ -210,7 +216,9 @@ class SamProposer:
                 evidence = self.drafter.last_match_lengths(ids)
                 confident = [draft if match >= self.config.confident_match else []
                              for draft, match in zip(proposed, evidence, strict=True)]
-                self.confident_drafts += self._keep(drafts, ids, row_of, confident, self.k, num_tokens_no_spec)
+                self.confident_drafts += self._keep(drafts, ids, row_of, confident, self.confident_k,
+                                                    num_tokens_no_spec)
+                self.longest_confident_draft = max([self.longest_confident_draft, *map(len, drafts)])
         drafted_rows = [(request_id, i) for request_id, i in zip(ids, row_of, strict=True) if drafts[i]]
         sources = self.drafter.last_sources([request_id for request_id, _ in drafted_rows]) if drafted_rows else []
         for request_id, i in zip(ids, row_of, strict=True):
