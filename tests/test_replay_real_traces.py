@@ -168,13 +168,17 @@ def test_without_k_our_drafters_use_the_engine_default_k_and_draft_only_at_or_be
     period = list(range(100, 120))
     records = [{"prompt_id": "p", "prompt_ids": [1, 2, 3], "response_ids": period * 30} for _ in range(rows)]
     path = _write(tmp_path / "t.jsonl.gz", records)
-    report = _run(tmp_path, "--traces", str(path), "--drafters", "sam,sam-group,ngram")
+    report = _run(tmp_path, "--traces", str(path), "--drafters", "sam,sam-group,ngram", "--confident-match", "0")
     assert report["meta"]["k"] == {"sam": ENGINE.k, "sam-group": ENGINE.k, "ngram": ENGINE.k, "oracle": ENGINE.k}
     mine = _by_name(report["runs"][0])
     assert mine["sam"]["k"] == ENGINE.k and mine["sam"]["drafts_at_most_running"] == ENGINE.threshold
     assert mine["sam"]["drafted"] == 0 and mine["sam"]["mean_acceptance_length"] == 1.0
     assert report["runs"][0]["oracle"][0]["drafted"] == 0
     assert mine["ngram"]["drafts_at_most_running"] is None and mine["ngram"]["mean_acceptance_length"] > 3.0
+    # With confident drafts, as the engine's confident_match does, past the threshold rows with a long match
+    # (this loop) draft anyway.
+    mine = _by_name(_run(tmp_path, "--traces", str(path), "--drafters", "sam", "--confident-match", "8")["runs"][0])
+    assert mine["sam"]["mean_acceptance_length"] > 3.0
     # Without the gate (or with fewer rows) ours draft too; --k forces one k on every drafter.
     report = _run(tmp_path, "--traces", str(path), "--drafters", "sam,ngram", "--threshold", "off", "--k", "5")
     mine = _by_name(report["runs"][0])

@@ -125,10 +125,11 @@ def test_streamed_n_request_delivers_every_child_once_under_length_aware(length_
 def test_aborting_a_rollout_ends_its_waiting_sequences_and_the_server_keeps_serving(
         length_aware_server: ServerProcess) -> None:
     rollout = "la-abort"
-    # Sampled (on CPU only greedy requests draft), 480 tokens each, eight times the slots: the queue
-    # drains five at a time, so it holds a dozen or more for many seconds (no race with a short window).
+    # Sampled (on CPU only greedy requests draft), 480 tokens each, sixteen times the slots: the queue
+    # drains five at a time, so it holds a dozen or more for many seconds (no race with a short window;
+    # with eight times the slots, a full suite's load once stalled the polls until the queue had drained).
     bodies = [{"model": "tiny", "prompt": [3, g, 5], "max_tokens": 480, "ignore_eos": True, "rollout_id": rollout,
-               "group_id": f"abort-{g}", "temperature": 1.0, "seed": g} for g in range(8 * CAPACITY)]
+               "group_id": f"abort-{g}", "temperature": 1.0, "seed": g} for g in range(16 * CAPACITY)]
 
     async def scenario() -> tuple[list[dict[str, Any]], dict[str, Any]]:
         async with httpx.AsyncClient(base_url=length_aware_server.url, headers=AUTH, timeout=300) as client:

@@ -17,7 +17,7 @@ from samrollout.spec_decode.schedule import dense_from_range, dense_schedule, ra
 
 def test_config_round_trips_through_vllm_additional_config():
     config = SpeculationConfig(k=4, threshold_mode="static", threshold=16, group_drafting=False,
-                               policy=DraftPolicy(occurrence="first", min_match_length=2))
+                               policy=DraftPolicy(occurrence="first", min_match_length=2), confident_match=0)
     kwargs = engine_kwargs("model-dir", config, max_model_len=1024)
     assert kwargs["speculative_config"] == {"method": "custom_class", "model": PROPOSER_CLASS,
                                             "num_speculative_tokens": 4,
@@ -56,7 +56,8 @@ def test_static_threshold_is_vllms_batch_size_schedule_where_vllm_has_one():
     from vllm.config import SpeculativeConfig
     from vllm.v1.spec_decode.dynamic.utils import validate_and_normalize_dynamic_sd_schedule
 
-    spec = engine_kwargs("m", SpeculationConfig(k=3, threshold_mode="static", threshold=8))["speculative_config"]
+    spec = engine_kwargs("m", SpeculationConfig(k=3, threshold_mode="static", threshold=8,
+                                                confident_match=0))["speculative_config"]
     schedule = spec["num_speculative_tokens_per_batch_size"]
     assert "num_speculative_tokens_per_batch_size" in SpeculativeConfig.__dataclass_fields__  # vLLM 0.32
     validate_and_normalize_dynamic_sd_schedule(schedule)  # vLLM's own check passes
@@ -145,11 +146,18 @@ def test_siblings_are_found_from_the_group_field_or_the_n_child_request_id(reque
 
 
 def test_draft_range_round_trips_and_sets_vllms_largest_draft():
-    config = SpeculationConfig(threshold_mode="static", draft_range=((2, 16), (8, 8)))
+    config = SpeculationConfig(threshold_mode="static", draft_range=((2, 16), (8, 8)), confident_match=0)
     assert SpeculationConfig.from_json(json.loads(json.dumps(config.to_json()))) == config
     spec = engine_kwargs("m", config)["speculative_config"]
     assert spec["num_speculative_tokens"] == 16
     assert spec["num_speculative_tokens_per_batch_size"] == [[1, 2, 16], [3, 8, 8], [9, 9, 0]]
+
+
+def test_confident_drafts_past_the_threshold_leave_vllm_without_a_batch_size_schedule():
+    config = SpeculationConfig(threshold_mode="static", draft_range=((2, 16), (8, 8)), confident_match=8)
+    spec = engine_kwargs("m", config)["speculative_config"]
+    assert spec["num_speculative_tokens"] == 16  # the proposer applies the range and drafts past it itself
+    assert "num_speculative_tokens_per_batch_size" not in spec
     assert SpeculationConfig(k=5).largest_draft() == 5
     assert SpeculationConfig(threshold_mode="off", draft_range=((2, 16),)).largest_draft() == 3  # static only
 

@@ -41,7 +41,8 @@ class DraftPolicy:
       higher acceptance rate (0.56 vs 0.46), which pays where verifying a rejected draft
       costs real compute.  "auto" (default) picks by the hardware the engine runs on, from
       ``bench/results/verify-cost-*.json``: 2 on CPU (3 drafts cost 1.5-2x a plain step;
-      measured in the engine: rollout makespan -9% against 1), 1 on GPUs and NPUs (3 drafts
+      measured in the engine with its worker on one core: rollout makespan -9% against 1;
+      with both cores 1 and 2 tie, 14.85 s against 14.99 s in one round), 1 on GPUs and NPUs (3 drafts
       cost about 1.05x; projected 2.08x against 1.97x for 2).  Outside an engine (replay,
       a bare `SamDrafter`) "auto" means 1.
     - ``match_scale``: when > 0, a match of length L drafts at most max(1, floor(scale * L))
