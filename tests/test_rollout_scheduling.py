@@ -246,10 +246,11 @@ def test_weight_update_with_sequences_waiting_for_admission_loses_none_of_them(
         length_aware_server: ServerProcess, tiny_dir: Path, tiny_weights_v2: Path) -> None:
     """in_flight=wait: every sequence, admitted or still waiting in the server, finishes; then abort ends the rest."""
     # Sampled (on CPU only greedy requests draft): the second round's requests, whose prompts the first
-    # round's responses are history for, still take their 480 engine steps and queue.  Eight times the
-    # slots keep sequences waiting for many seconds: a status call can take seconds on this busy CPU.
+    # round's responses are history for, still take their 480 engine steps and queue.  Sixteen times the
+    # slots keep sequences waiting for many seconds: a status call can take seconds on this busy CPU (with
+    # eight times, a full suite's load once stalled the polls until the second round had drained).
     bodies = [{"model": "tiny", "prompt": [4, g, 4], "max_tokens": 480, "ignore_eos": True, "group_id": f"w-{g % 3}",
-               "temperature": 1.0, "seed": g} for g in range(8 * CAPACITY)]
+               "temperature": 1.0, "seed": g} for g in range(16 * CAPACITY)]
 
     async def update_while(in_flight: str, path: Path, version: str) -> tuple[list[dict[str, Any]], int]:
         async with httpx.AsyncClient(base_url=length_aware_server.url, headers=AUTH, timeout=300) as client:
