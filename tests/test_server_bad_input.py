@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import httpx
@@ -158,7 +159,8 @@ def test_schema_fuzz_of_the_generation_routes_finds_no_server_error(tiny_server:
         reply = case.call(base_url=tiny_server.url, headers=AUTH, timeout=120)
         calls.append(case.path)
         if reply.status_code >= 500:
-            failures.append(f"{case.method} {case.path} -> {reply.status_code}: {reply.text[:300]}")
+            sent = json.dumps(case.body, default=str)[:1000]  # the input, so a rare failure can be replayed
+            failures.append(f"{case.method} {case.path} {sent} -> {reply.status_code}: {reply.text[:300]}")
 
     for operation in fuzzed.get_all_operations():
         given(operation.ok().as_strategy())(check)()
