@@ -151,6 +151,8 @@ def test_draft_range_round_trips_and_sets_vllms_largest_draft():
     spec = engine_kwargs("m", config)["speculative_config"]
     assert spec["num_speculative_tokens"] == 16
     assert spec["num_speculative_tokens_per_batch_size"] == [[1, 2, 16], [3, 8, 8], [9, 9, 0]]
+    assert SpeculationConfig(k=5).largest_draft() == 5
+    assert SpeculationConfig(threshold_mode="off", draft_range=((2, 16),)).largest_draft() == 3  # static only
 
 
 def test_confident_drafts_past_the_threshold_leave_vllm_without_a_batch_size_schedule():
@@ -158,8 +160,6 @@ def test_confident_drafts_past_the_threshold_leave_vllm_without_a_batch_size_sch
     spec = engine_kwargs("m", config)["speculative_config"]
     assert spec["num_speculative_tokens"] == 16  # the proposer applies the range and drafts past it itself
     assert "num_speculative_tokens_per_batch_size" not in spec
-    assert SpeculationConfig(k=5).largest_draft() == 5
-    assert SpeculationConfig(threshold_mode="off", draft_range=((2, 16),)).largest_draft() == 3  # static only
 
 
 def test_draft_range_is_one_schedule_with_or_without_vllms():
