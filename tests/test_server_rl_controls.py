@@ -167,38 +167,42 @@ def test_client_disconnect_mid_stream_aborts_its_engine_request(tiny_server: Ser
 
 def test_pause_with_abort_counts_the_requests_it_ends_as_aborted(tiny_server: ServerProcess) -> None:
     aborted_before = finished_as_aborted(tiny_server)
-    # 64 sampled streams (on CPU only greedy requests draft) of 480 tokens: about ten seconds of engine work, so
-    # the pause lands while most still run, however far the API process's output lags behind the engine (a
-    # first token chunk can arrive when that request is nearly done). Which ones finish first is the
-    # machine's business; every one ends as "abort" short of its length, or as "length" with all of it.
+    # 32 sampled streams of n = 16 (on CPU only greedy requests draft), 480 tokens each: 512 sequences, about a
+    # minute and a half of engine work, half of it still waiting for a slot.  So the pause lands while most run
+    # or wait, however far the API process's output lags behind the engine on a loaded machine (a full CI run
+    # once saw 64 single streams of ten seconds' work all finish first).  Which ones finish first is the
+    # machine's business; every choice ends as "abort" short of its length, or as "length" with all of it.
+    streams_n = 16
     bodies = [completion(f"cut short {i}", 480, rollout_id="paused-away", stream=True, temperature=1.0, seed=i,
-                         return_token_ids=True) for i in range(64)]
+                         n=streams_n, return_token_ids=True) for i in range(32)]
 
     async def scenario() -> list[tuple[str | None, int]]:
         generating = asyncio.Event()
         limits = httpx.Limits(max_connections=100, max_keepalive_connections=100)
         async with httpx.AsyncClient(base_url=tiny_server.url, headers=AUTH, timeout=300, limits=limits) as client:
 
-            async def stream(body: dict[str, Any]) -> tuple[str | None, int]:
-                reason, tokens = None, 0
+            async def stream(body: dict[str, Any]) -> list[tuple[str | None, int]]:
+                reasons: list[str | None] = [None] * streams_n
+                tokens = [0] * streams_n
                 async with client.stream("POST", "/v1/completions", json=body) as reply:
                     async for line in reply.aiter_lines():
                         if not line.startswith("data: {"):
                             continue
-                        choice = json.loads(line[6:])["choices"][0]
-                        tokens += len(choice.get("token_ids") or [])
-                        reason = choice["finish_reason"] or reason
-                        if tokens:  # a generated token, not just a first chunk: it runs in the engine
-                            generating.set()
-                return reason, tokens
+                        for choice in json.loads(line[6:])["choices"]:
+                            tokens[choice["index"]] += len(choice.get("token_ids") or [])
+                            reasons[choice["index"]] = choice["finish_reason"] or reasons[choice["index"]]
+                            if tokens[choice["index"]]:  # a generated token, not just a first chunk: it runs
+                                generating.set()
+                return list(zip(reasons, tokens, strict=True))
 
             streams = [asyncio.create_task(stream(b)) for b in bodies]
             await generating.wait()
             assert (await client.post("/admin/pause", json={"mode": "abort"})).status_code == 200
             await client.post("/admin/resume")
-            return list(await asyncio.gather(*streams))
+            return [choice for choices in await asyncio.gather(*streams) for choice in choices]
 
     ended = asyncio.run(asyncio.wait_for(scenario(), timeout=240))
+    assert len(ended) == 32 * streams_n
     assert all((reason, tokens < 480) in {("abort", True), ("length", False)} for reason, tokens in ended), ended
     aborted = sum(reason == "abort" for reason, _ in ended)
     assert aborted >= 1

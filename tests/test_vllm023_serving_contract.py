@@ -196,9 +196,9 @@ def test_flexible_argument_parser_is_an_argument_parser(v023: Path) -> None:
 
 def test_engine_methods_the_server_calls_exist_in_vllm_0_23(v023: Path) -> None:
     called = check_engine_calls(v023, LAYOUT, "0.23")
-    # Not is_sleeping: it is true while merely paused; /admin/status reports what /admin/sleep did.
+    # Not is_sleeping nor is_paused: /admin/status reports what /admin/pause and /admin/sleep did.
     assert {"from_vllm_config", "pause_generation", "resume_generation", "sleep", "wake_up", "collective_rpc",
-            "reset_prefix_cache", "abort", "is_paused", "check_health", "shutdown",
+            "reset_prefix_cache", "abort", "check_health", "shutdown",
             "get_supported_tasks"} <= called
     pause_mode = next(n for n in tree(module_path(v023, "vllm.v1.engine")).body
                       if isinstance(n, ast.Assign) and ast.unparse(n.targets[0]) == "PauseMode")

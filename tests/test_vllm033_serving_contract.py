@@ -182,7 +182,7 @@ def test_engine_methods_the_server_calls_exist_in_vllm_0_33(v033: Path) -> None:
     called = check_engine_calls(v033, LAYOUT, "0.33")
     # No pause_generation: on 0.33 the server pauses the scheduler (test_why_the_0_33_layout_pauses_...).
     assert {"from_vllm_config", "resume_generation", "sleep", "wake_up", "collective_rpc",
-            "reset_prefix_cache", "abort", "is_paused", "check_health", "shutdown", "get_supported_tasks",
+            "reset_prefix_cache", "abort", "check_health", "shutdown", "get_supported_tasks",
             "update_weight_version"} <= called
     pause_mode = next(n for n in tree(module_path(v033, "vllm.v1.engine")).body
                       if isinstance(n, ast.Assign) and ast.unparse(n.targets[0]) == "PauseMode")

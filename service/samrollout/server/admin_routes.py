@@ -162,7 +162,7 @@ async def pause(request: Request, body: Pause | None = None) -> dict[str, Any]:
 @router.post("/resume", responses=_ERRORS)
 async def resume(request: Request) -> dict[str, Any]:
     """Resume generation after /admin/pause."""
-    await _runtime(request).engine.resume_generation()
+    await _runtime(request).resume()
     return {"paused": False}
 
 
@@ -207,14 +207,16 @@ async def reset_prefix_cache(request: Request) -> dict[str, Any]:
 async def status(request: Request, drafter: bool = True) -> dict[str, Any]:
     """Weight version, paused/sleeping, HTTP requests in flight, rollout scheduling, open weight uploads, drafter.
 
-    ``sleeping`` is what /admin/sleep did, not the engine's ``is_sleeping()``, which is also
-    true while generation is merely paused.  The drafter's counters come from the engine's
+    ``paused`` and ``sleeping`` are what /admin/pause and /admin/sleep did (a weight load
+    pauses while it runs), kept by the server: asking the engine would wait behind its
+    output backlog on a busy machine, and its ``is_sleeping()`` is also true while generation
+    is merely paused.  The drafter's counters come from the engine's
     worker process, a round trip that can take seconds while the engine is busy:
     ``?drafter=false`` leaves them out (``"drafter": null``), for polling the queue.
     """
     runtime = _runtime(request)
     return {"model": runtime.model_name, "weight_version": runtime.weight_version,
-            "paused": await runtime.engine.is_paused(), "sleeping": runtime.sleep_level is not None,
+            "paused": runtime.paused, "sleeping": runtime.sleep_level is not None,
             "sleep_level": runtime.sleep_level, "in_flight_requests": len(runtime.inflight),
             "scheduling": runtime.scheduling_status(), "weight_uploads": runtime.weight_uploads.status(),
             "drafter": await runtime.drafter_stats() if drafter else None}

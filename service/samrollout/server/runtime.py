@@ -86,6 +86,7 @@ class ServerRuntime:
     update_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     expected_weights: Layout | None = None  # the served checkpoint's tensors: what weight updates must match
     sleep_level: int | None = None           # set by /admin/sleep, cleared by /admin/wake (pausing is not sleep)
+    paused: bool = False                     # set by `pause`, cleared by `resume`: /admin/status reads it here
 
     async def abort_rollout(self, rollout_id: str) -> int:
         """Abort every in-flight request tagged ``rollout_id``; returns how many HTTP requests it hit."""
@@ -102,6 +103,12 @@ class ServerRuntime:
         if mode == "abort" and isinstance(self.generation, ScheduledEngineClient):
             self.generation.abort_all_waiting()
         await pause_engine(self.engine, mode=mode, clear_cache=clear_cache)
+        self.paused = True
+
+    async def resume(self) -> None:
+        """Resume generation after `pause`."""
+        await self.engine.resume_generation()
+        self.paused = False
 
     def scheduling_status(self) -> dict[str, Any]:
         """The rollout scheduling policy and, under length-aware, its queue (for /admin/status)."""
@@ -144,7 +151,7 @@ class ServerRuntime:
                 set_weight_version(version, old)
                 await set_engine_weight_version(self.engine, version)
             finally:
-                await self.engine.resume_generation()
+                await self.resume()
         logger.info("weights %s -> %s loaded from %s (in-flight: %s)", old, version, source, in_flight)
         return {"weight_version": version, "previous_version": old, "in_flight": in_flight}
 
