@@ -35,6 +35,11 @@ Modes (servers started once, then every round runs every mode in a rotated order
   up at the response's length (the client cannot: it does not know the lengths) and does
   not retry.  Moves are counted per round.
 
+Every mode's server stays up for the whole run, so memory is checked: each server gets
+``--memory`` 0.065 of the machine by default, the run stops when the servers started leave
+less than `MEMORY_FLOOR_GIB` available, and every round records its lowest available memory
+(a round below the floor is flagged: with no swap the machine thrashes).
+
 Round 1 is cold for length-aware (no history of these prompts); later rounds are warm,
 as RL epochs revisit prompts.  Reported per mode: median makespan over rounds, each round's
 makespan, tail time (from when fewer responses than slots were left to the end), mean queue
@@ -51,6 +56,7 @@ import json
 import random
 import statistics
 import sys
+import threading
 import time
 from collections import defaultdict
 from dataclasses import dataclass, replace
@@ -68,6 +74,54 @@ SINGLE = ("fcfs", "length-aware", "fcfs+sam", "length-aware+sam")
 # a priority from the client's history (longest remembered group first; unknown: 0), SAM off.
 PRIORITY = ("vllm-priority",)
 PAIRED = ("2x-least-outstanding", "2x-predicted-work", "2x-divided")
+# Every mode's server stays up for the whole run (rounds are interleaved).  With no swap, a machine whose
+# available memory runs this low evicts code pages instead and crawls: a run of all modes with --memory 0.1
+# left 0.5 GiB of 24 GiB and a worker spent 23 minutes on one step.  Below it the run stops (or is flagged).
+MEMORY_FLOOR_GIB = 2.0
+
+
+class MemoryWatch:
+    """The machine's lowest available memory (psutil, GiB), sampled every ``period`` s in a thread."""
+
+    def __init__(self, period: float = 0.5) -> None:
+        self._period = period
+        self._lowest = self.available()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, name="memory-watch", daemon=True)
+        self._thread.start()
+
+    @staticmethod
+    def available() -> float:
+        """Available memory now, in GiB."""
+        import psutil
+
+        return float(psutil.virtual_memory().available) / 2**30
+
+    def _sample(self) -> None:
+        while not self._stop.wait(self._period):
+            self._lowest = min(self._lowest, self.available())
+
+    def lowest_since_reset(self) -> float:
+        """The lowest sample since the last `reset` (or the start), now included."""
+        return min(self._lowest, self.available())
+
+    def reset(self) -> None:
+        """Start a new low-water mark."""
+        self._lowest = self.available()
+
+    def stop(self) -> None:
+        """End the sampling thread."""
+        self._stop.set()
+        self._thread.join()
+
+
+def require_memory(watch: MemoryWatch, started: str) -> None:
+    """Stop the run when the servers started so far (``started``) leave less than `MEMORY_FLOOR_GIB`."""
+    left = watch.available()
+    if left < MEMORY_FLOOR_GIB:
+        raise SystemExit(f"after starting {started}, {left:.1f} GiB of memory is left (< {MEMORY_FLOOR_GIB} GiB): "
+                         "the run would thrash. Run fewer --modes at a time (e.g. the four single-server modes, "
+                         "then vllm-priority and the 2x modes) or lower --memory.")
 
 
 @dataclass(frozen=True)
@@ -289,7 +343,10 @@ def main() -> None:
     parser.add_argument("--modes", default=",".join(SINGLE + PRIORITY + PAIRED))
     parser.add_argument("--kv-blocks", type=int, default=None,
                         help="KV cache of this many 32-token blocks on every server (memory short: preemption)")
-    parser.add_argument("--memory", type=float, default=0.1, help="--gpu-memory-utilization of each server")
+    parser.add_argument("--memory", type=float, default=0.065,
+                        help="--gpu-memory-utilization of each server (default 0.065: on a 24 GiB machine about "
+                             "0.4 GiB of KV cache for the small model, 18K tokens, beside its 1.1 GiB of other "
+                             "worker memory; all modes' servers run at once, see MEMORY_FLOOR_GIB)")
     parser.add_argument("--divide-after-tokens", type=int, default=64,
                         help="2x-divided: the client's divide_after_tokens (tokens a piece runs before it may move)")
     parser.add_argument("--json", type=Path, default=HERE / "results" / "scheduling-cpu.json")
@@ -307,23 +364,27 @@ def main() -> None:
           f"median {statistics.median(lengths)}; {args.max_num_seqs} slots", flush=True)
 
     servers: dict[str, Any] = {}
+    memory = MemoryWatch()
     try:
         for mode in modes:
             if mode in SINGLE:
                 scheduling, sam = mode.removesuffix("+sam"), mode.endswith("+sam")
                 servers[mode] = [start_server(server_args(args.model, scheduling, sam, args.max_num_seqs, args.memory,
                                                           args.kv_blocks), args.logs / f"{mode}.log")]
-                print(f"started {mode}", flush=True)
             elif mode in PRIORITY:
                 servers[mode] = [start_server(server_args(args.model, "fcfs", False, args.max_num_seqs, args.memory,
                                                           args.kv_blocks, priority=True), args.logs / f"{mode}.log")]
-                print(f"started {mode}", flush=True)
+            else:
+                continue
+            print(f"started {mode} ({memory.available():.1f} GiB of memory left)", flush=True)
+            require_memory(memory, mode)
         if any(m in PAIRED for m in modes):
             pair = [start_server(server_args(args.model, "length-aware", True, args.max_num_seqs // 2, args.memory,
                                              args.kv_blocks), args.logs / f"pair-{i}.log") for i in range(2)]
             for mode in PAIRED:
                 servers[mode] = pair
-            print("started the 2-server pair", flush=True)
+            print(f"started the 2-server pair ({memory.available():.1f} GiB of memory left)", flush=True)
+            require_memory(memory, "the 2-server pair")
         rates = asyncio.run(lower_bound(servers[modes[0]][0].url, workload, args.max_num_seqs, args.temperature))
         bound = rates["bound_s"]
         print(f"lower bound {bound:.1f} s: {rates}", flush=True)
@@ -345,6 +406,7 @@ def main() -> None:
                     placement = [0] * groups
                 rollout = f"r{round_index}-{mode}"
                 preempted_before = sum(preemptions(url) for url in urls)
+                memory.reset()
                 if mode == "2x-divided":
                     result = asyncio.run(run_divided_rollout(urls, placement, step, rollout, args.max_len + 16,
                                                              args.temperature, round_index, args.divide_after_tokens))
@@ -360,16 +422,20 @@ def main() -> None:
                           "mean_queue_s": statistics.fmean(t["first"] for t in times),
                           "p90_queue_s": sorted(t["first"] for t in times)[int(0.9 * len(times))]}
                 record["preemptions"] = sum(preemptions(url) for url in urls) - preempted_before
+                record["lowest_available_memory_gib"] = round(memory.lowest_since_reset(), 2)
                 if "moves" in result:
                     record["moves"] = result["moves"]
                 rounds[mode].append(record)
                 moves = f"  moves {record['moves']}" if "moves" in record else ""
+                low = record["lowest_available_memory_gib"]
+                short = "  MEMORY SHORT: this round is not a fair measurement" if low < MEMORY_FLOOR_GIB else ""
                 print(f"round {round_index} {mode:22s} makespan {record['makespan_s']:7.2f} s  tail "
                       f"{record['tail_s']:6.2f} s  mean queue {record['mean_queue_s']:6.2f} s  preemptions "
-                      f"{record['preemptions']:.0f}{moves}", flush=True)
+                      f"{record['preemptions']:.0f}{moves}  memory left >= {low:.1f} GiB{short}", flush=True)
                 for g in range(groups):  # the client learns each group's lengths, as RolloutClient does
                     history.record(str(g), [r.length for r in workload if r.group == g])
     finally:
+        memory.stop()
         for pair_or_one in {id(v): v for v in servers.values()}.values():
             for server in pair_or_one:
                 server.stop()
@@ -380,6 +446,7 @@ def main() -> None:
                       "tail_s": statistics.median(r["tail_s"] for r in rs),
                       "mean_queue_s": statistics.median(r["mean_queue_s"] for r in rs),
                       "preemptions": sum(r["preemptions"] for r in rs),
+                      "lowest_available_memory_gib": min(r["lowest_available_memory_gib"] for r in rs),
                       "rounds": rs} for mode, rs in rounds.items()}
     print(f"\n{'mode':22s} {'makespan s':>10s} {'cold':>7s} {'warm':>7s} {'tail s':>7s} {'queue s':>8s} "
           f"{'/fcfs':>6s} {'/bound':>7s} {'preempted':>9s}")
@@ -394,7 +461,7 @@ def main() -> None:
         "responses": len(workload), "tokens": sum(lengths), "longest": max(lengths),
         "median": statistics.median(lengths), "max_num_seqs": args.max_num_seqs, "model": args.model,
         "order": args.order, "temperature": args.temperature, "divide_after_tokens": args.divide_after_tokens,
-        "kv_blocks": args.kv_blocks},
+        "kv_blocks": args.kv_blocks, "server_memory": args.memory},
         "lower_bound": rates, "lower_bound_s": bound, "modes": summary}
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(out, indent=1))

@@ -33,7 +33,10 @@ os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # collective_rp
 
 MODES: dict[str, dict[str, Any] | None] = {
     "off": None,
+    # The default: the static threshold, and confident drafts past it (confident_match 8, see below).
     "sam-static": {"method": "sam", "threshold_mode": "static"},
+    # The static threshold alone (the default until 2026-11-26): nothing drafts past it.
+    "sam-static-only": {"method": "sam", "threshold_mode": "static", "confident_match": 0},
     "sam-adaptive": {"method": "sam", "threshold_mode": "adaptive"},
     "sam-always": {"method": "sam", "threshold_mode": "off"},
     # DraftPolicy.min_match_length: the sam-* modes above use the default, "auto" (2 on CPU, 1 on
@@ -41,7 +44,8 @@ MODES: dict[str, dict[str, Any] | None] = {
     "sam-static-m1": {"method": "sam", "threshold_mode": "static", "min_match_length": 1},
     "sam-static-m2": {"method": "sam", "threshold_mode": "static", "min_match_length": 2},
     "sam-static-m4": {"method": "sam", "threshold_mode": "static", "min_match_length": 4},
-    # SpeculationConfig.confident_match: past the threshold, rows whose match is at least this long draft.
+    # SpeculationConfig.confident_match (default 8): past the threshold, rows whose match is at least this
+    # long draft.
     # DraftPolicy.max_global_tokens: a global index of finished responses to every prompt (off by default).
     "sam-static-global": {"method": "sam", "threshold_mode": "static", "max_global_tokens": 1 << 20},
     "sam-always-global": {"method": "sam", "threshold_mode": "off", "max_global_tokens": 1 << 20},

@@ -30,8 +30,8 @@ class SpeculationConfig:
     - ``threshold_mode``: "off" drafts at every batch size; "static" (default) drafts only
       while at most ``threshold`` requests run (the published design: 8); "adaptive" starts
       from the static rule and then decides from measured step times and acceptance (see
-      `samrollout.spec_decode.gate`).  Static is the default as the published rule, which
-      spends nothing on drafts in the big-batch phase on any hardware.  On the 2-core CPU
+      `samrollout.spec_decode.gate`).  Static is the default as the published rule: in the
+      big-batch phase only rows with a long match draft (``confident_match``).  On the 2-core CPU
       engine's rollout (identical greedy siblings, its best case for drafting) drafting there
       paid: 0.92x the makespan of no speculation for static, 0.87x adaptive, 0.83x drafting at
       every batch size, 0.76x static with confident drafts past it (below)
@@ -59,17 +59,17 @@ class SpeculationConfig:
       their prompt token ids.
     - ``confident_match``: with the static threshold, rows whose draft comes from a match of at
       least this many tokens draft at every batch size, past the threshold and the draft range,
-      at most ``k`` tokens (not the tail's longer range: the batch is bigger there); 0 (default):
-      off.  A long match is accepted nearly in full, so such drafts pay even where a step is
-      compute-bound.  Replayed at k = 3 on real reasoning traces, the drafts 8 adds were
+      at most ``k`` tokens (not the tail's longer range: the batch is bigger there); 0: off.
+      Default 8: a long match is accepted nearly in full, so such drafts pay even where a step
+      is compute-bound.  Replayed at k = 3 on real reasoning traces, the drafts 8 adds were
       accepted at 0.69 (Sky-T1 clean), 0.91 (Sky-T1 all: loops) and 0.63 (R1-distill) of
       their tokens (16: 0.81, 0.96, 0.74), against a break-even of about 0.64 at 64 running
       on the 2-core CPU and far less on GPUs (verifying 3 drafts at batch 64 costs 1.2 plain
       steps on an H100: about 0.07).  On the CPU engine's rollout 8 cut the makespan to 0.76x
-      off (16: 0.83x; ``bench/results/spec-engine-cpu-confident-8.json``).  Still off by
-      default: in one served run (7 servers on 2 cores) a worker stalled 23 minutes inside
-      vLLM's CPU attention on a step with such drafts, not yet explained (README).  With it on,
-      vLLM gets no batch-size schedule: the proposer applies the range itself.
+      off (16: 0.83x; ``bench/results/spec-engine-cpu-confident-8.json``).  (A worker once
+      stalled 23 minutes in a served benchmark with it on: seven servers had left 0.5 GiB of
+      the machine's memory, README.)  With it on, vLLM gets no batch-size schedule: the
+      proposer applies the range itself.
     """
 
     k: int = 3
@@ -81,7 +81,7 @@ class SpeculationConfig:
     draft_range: tuple[tuple[int, int], ...] | None = None
     history_tokens: int = 1 << 22
     history_responses: int = 4
-    confident_match: int = 0
+    confident_match: int = 8
 
     def __post_init__(self) -> None:
         if isinstance(self.k, bool) or not isinstance(self.k, int) or not 1 <= self.k <= 16:
