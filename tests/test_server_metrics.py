@@ -151,7 +151,7 @@ def test_served_weight_version_is_exported(tiny_server: ServerProcess) -> None:
     assert versions == [f'samrollout_weight_version_info{{version="{version}"}}']
 
 
-def test_static_threshold_comes_from_vllms_batch_size_schedule_and_drafts_only_in_the_tail(
+def test_past_the_static_threshold_only_confident_drafts_are_made_and_the_tail_drafts(
         tiny_server: ServerProcess) -> None:
     lengths = [12] * 14 + [96, 96]  # 16 running at first (no drafts), then a tail of 2 (drafts)
 
@@ -170,8 +170,15 @@ def test_static_threshold_comes_from_vllms_batch_size_schedule_and_drafts_only_i
 
     asyncio.run(burst())
     drafter = httpx.get(f"{tiny_server.url}/admin/status", headers=AUTH, timeout=30).json()["drafter"]
-    assert drafter["threshold_mode"] == "static" and drafter["threshold_from_vllm_schedule"] is True
+    # The server's default: confident drafts past the threshold, so the proposer applies the threshold itself
+    # (vLLM's batch-size schedule would drop every draft there; tests/test_speculation_config_and_gate.py runs
+    # that path on the real engine).
+    assert drafter["threshold_mode"] == "static" and drafter["confident_match"] == 8
+    assert drafter["threshold_from_vllm_schedule"] is False
     steps = {int(size): n for size, n in drafter["steps_by_batch_size"].items()}
     drafting = {int(size): n for size, n in drafter["drafting_steps_by_batch_size"].items()}
     assert max(steps) > drafter["threshold"]  # the big batch ran ...
-    assert drafting and max(drafting) <= drafter["threshold"]  # ... without drafts; the tail drafted
+    assert any(size <= drafter["threshold"] for size in drafting)  # ... and the tail drafted
+    # Every step that drafted past the threshold drafted a confident row (a match of 8+ tokens), at most k.
+    assert sum(n for size, n in drafting.items() if size > drafter["threshold"]) <= drafter["confident_drafts"]
+    assert drafter["longest_confident_draft"] <= drafter["confident_k"] == drafter["k"]

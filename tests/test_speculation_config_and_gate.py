@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
+from conftest import run_engine_jobs
 from samrollout.config import SpeculationConfig, default_draft_range, parse_draft_range
 from samrollout.drafter import DraftPolicy
 from samrollout.engine import PROPOSER_CLASS, engine_kwargs
@@ -143,6 +145,22 @@ def test_adaptive_gate_mutes_a_request_whose_drafts_keep_failing_then_retries_it
 )
 def test_siblings_are_found_from_the_group_field_or_the_n_child_request_id(request_id, extra_args, group):
     assert group_of(request_id, extra_args) == group
+
+
+def test_without_confident_drafts_vllms_batch_size_schedule_drafts_only_in_the_tail(
+        tiny_dir: Path, tmp_path: Path) -> None:
+    # 16 greedy requests at once (past the threshold of 8: vLLM's schedule gives them no drafts), then 2 (the tail).
+    jobs = [{"name": "big", "prompts": [f"tail {i} tail {i} tail {i} tail" for i in range(16)],
+             "params": {"temperature": 0, "max_tokens": 24, "ignore_eos": True}},
+            {"name": "tail", "prompts": ["tail 1 tail 1 tail 1 tail", "tail 2 tail 2 tail 2 tail"],
+             "params": {"temperature": 0, "max_tokens": 96, "ignore_eos": True}}]
+    speculation = {"k": 3, "threshold_mode": "static", "threshold": 8, "confident_match": 0,
+                   "policy": {"min_match_length": 1}}
+    proposer = run_engine_jobs(tiny_dir, speculation, jobs, tmp_path / "schedule")["proposer"]
+    assert proposer["threshold_from_vllm_schedule"] is True and proposer["confident_drafts"] == 0
+    steps = {int(size): n for size, n in proposer["steps_by_batch_size"].items()}
+    drafting = {int(size): n for size, n in proposer["drafting_steps_by_batch_size"].items()}
+    assert max(steps) == 16 and drafting and max(drafting) <= 8
 
 
 def test_draft_range_round_trips_and_sets_vllms_largest_draft():
