@@ -3,10 +3,10 @@
 By default every drafter drafts as the engine would: ours (sam, sam-group, sam-ref) and the
 oracle with samrollout's engine defaults (SpeculationConfig: k=3, static threshold 8, i.e. in a
 round with more than 8 running responses only rows matching 8+ tokens draft, confident_match;
-min_match_length "auto" as on GPUs and NPUs: 1), vLLM's peers with vLLM's defaults (no batch-size threshold; suffix k=24, vLLM's
-default for method "suffix", though match + draft must fit its 24-token tree, so it drafts at
-most 12; ngram has no default k in vLLM and gets 3).  --k forces one k
-for all, --threshold changes our gate.
+min_match_length "auto" as on GPUs and NPUs: 1), vLLM's peers with vLLM's defaults (no
+batch-size threshold; suffix k=24, vLLM's default for method "suffix", though match + draft
+must fit its 24-token tree, so it drafts at most 12; ngram has no default k in vLLM and gets
+3).  --k forces one k for all, --threshold changes our gate.
 """
 
 from __future__ import annotations

@@ -4,8 +4,9 @@
 
 - ours (``sam``, ``sam-group``, ``sam-ref``) and the oracle: ``SpeculationConfig()``'s k (3) and
   its static threshold: in a round with more than ``threshold`` (8) running rows only rows whose
-  match is at least ``confident_match`` (8) tokens draft (samrollout's vLLM proposer, `samrollout.spec_decode.proposer.SamProposer`, still indexes
-  their tokens); the draft policy with ``min_match_length="auto"`` settled as on GPUs and NPUs
+  match is at least ``confident_match`` (8) tokens draft (samrollout's vLLM proposer,
+  `samrollout.spec_decode.proposer.SamProposer`, still indexes every row's tokens); the draft
+  policy with ``min_match_length="auto"`` settled as on GPUs and NPUs
   (1).  The adaptive mode decides from measured step times, which a replay has not got.
 - vLLM's peers at vLLM's defaults, which have no batch-size threshold (they draft in every
   round): ``suffix`` / ``suffix-cache`` with vLLM's default k for method "suffix",
