@@ -153,7 +153,7 @@ def test_served_weight_version_is_exported(tiny_server: ServerProcess) -> None:
 
 def test_past_the_static_threshold_only_confident_drafts_are_made_and_the_tail_drafts(
         tiny_server: ServerProcess) -> None:
-    lengths = [12] * 14 + [96, 96]  # 16 running at first (no drafts), then a tail of 2 (drafts)
+    lengths = [12] * 14 + [96, 96]  # 16 running at first (only confident drafts), then a tail of 2 (drafts)
 
     async def burst() -> None:
         async with httpx.AsyncClient(base_url=tiny_server.url, headers=AUTH, timeout=300) as client:
