@@ -175,6 +175,7 @@ async def sleep(request: Request, body: Sleep | None = None) -> dict[str, Any]:
     level = (body or Sleep()).level
     await runtime.engine.sleep(level)
     runtime.sleep_level = level
+    runtime.paused = True  # the engine pauses its scheduler to sleep
     return {"sleeping": True, "level": level}
 
 
@@ -186,6 +187,7 @@ async def wake(request: Request) -> dict[str, Any]:
         raise ApiError(409, "sleep mode is off: start the server with `-- --enable-sleep-mode` (CUDA or NPU only)")
     await runtime.engine.wake_up()
     runtime.sleep_level = None
+    runtime.paused = False  # a full wake resumes the engine's scheduler, even after /admin/pause
     return {"sleeping": False}
 
 
@@ -208,10 +210,10 @@ async def status(request: Request, drafter: bool = True) -> dict[str, Any]:
     """Weight version, paused/sleeping, HTTP requests in flight, rollout scheduling, open weight uploads, drafter.
 
     ``paused`` and ``sleeping`` are what /admin/pause and /admin/sleep did (a weight load
-    pauses while it runs), kept by the server: asking the engine would wait behind its
-    output backlog on a busy machine, and its ``is_sleeping()`` is also true while generation
-    is merely paused.  The drafter's counters come from the engine's
-    worker process, a round trip that can take seconds while the engine is busy:
+    pauses while it runs; sleeping pauses too, and waking resumes), kept by the server:
+    asking the engine would wait behind its output backlog on a busy machine, and its
+    ``is_sleeping()`` is also true while generation is merely paused.  The drafter's counters
+    come from the engine's worker process, a round trip that can take seconds while the engine is busy:
     ``?drafter=false`` leaves them out (``"drafter": null``), for polling the queue.
     """
     runtime = _runtime(request)

@@ -86,7 +86,7 @@ class ServerRuntime:
     update_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     expected_weights: Layout | None = None  # the served checkpoint's tensors: what weight updates must match
     sleep_level: int | None = None           # set by /admin/sleep, cleared by /admin/wake (pausing is not sleep)
-    paused: bool = False                     # set by `pause`, cleared by `resume`: /admin/status reads it here
+    paused: bool = False                     # the engine's scheduler paused (pause/resume, sleep/wake): for status
 
     async def abort_rollout(self, rollout_id: str) -> int:
         """Abort every in-flight request tagged ``rollout_id``; returns how many HTTP requests it hit."""
