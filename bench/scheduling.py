@@ -357,12 +357,14 @@ def split_cores(parts: int) -> list[list[int]]:
     return [cores[i * share:(i + 1) * share] for i in range(parts)]
 
 
-def pinned_server(start_command: Any, args: list[str], log: Path, cores: list[int]) -> Any:
+def pinned_server(args: list[str], log: Path, cores: list[int]) -> Any:
     """`samrollout serve ARGS` with every process of it (API server, engine core, worker) on ``cores`` only.
 
     `taskset` pins the processes; ``VLLM_CPU_OMP_THREADS_BIND`` puts the worker's threads on the
     same cores (one per core), as on a machine of its own.
     """
+    from server_process import start_command
+
     listed = ",".join(str(core) for core in cores)
     return start_command(lambda port: ["taskset", "-c", listed, sys.executable, "-m", "samrollout.cli", "serve",
                                        "--port", str(port), *args], log, {"VLLM_CPU_OMP_THREADS_BIND": listed})
@@ -387,7 +389,7 @@ def server_args(model: str, scheduling: str, sam: bool, slots: int, kv_cache_gib
 def main() -> None:
     """Start the servers, run every mode in rotated order each round, print the table, write JSON and a plot."""
     from samrollout_client.placement import LengthHistory, place_by_predicted_work
-    from server_process import start_command, start_server
+    from server_process import start_server
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--traces", type=Path, nargs="+", default=[TRACES])
@@ -443,17 +445,16 @@ def main() -> None:
             print(f"started {mode} ({memory.available():.1f} GiB of memory left)", flush=True)
             require_memory(memory, mode)
         if any(m in PAIRED for m in modes):
-            pair = [pinned_server(start_command, server_args(args.model, "length-aware", True, args.max_num_seqs // 2,
-                                                             args.kv_cache_gib, args.kv_blocks),
-                                  args.logs / f"pair-{i}.log", cores) for i, cores in enumerate(split_cores(2))]
+            pair = [pinned_server(server_args(args.model, "length-aware", True, args.max_num_seqs // 2,
+                                              args.kv_cache_gib, args.kv_blocks), args.logs / f"pair-{i}.log", cores)
+                    for i, cores in enumerate(split_cores(2))]
             for mode in PAIRED:
                 servers[mode] = pair
             print(f"started the 2-server pair ({memory.available():.1f} GiB of memory left)", flush=True)
             require_memory(memory, "the 2-server pair")
-        # The bound runs without SAM under fcfs: on the fcfs server, else on one of its own.
-        bound_mode: str | None = next((m for m in ("fcfs", "length-aware", "vllm-priority") if m in servers), None)
-        if bound_mode is None:
-            bound_mode = "bound"
+        # The bound runs without SAM under fcfs: on the fcfs mode's server, else on one of its own.
+        bound_mode = "fcfs" if "fcfs" in servers else "bound"
+        if bound_mode == "bound":
             servers[bound_mode] = [start_server(server_args(args.model, "fcfs", False, args.max_num_seqs,
                                                             args.kv_cache_gib), args.logs / "bound.log")]
             require_memory(memory, "the bound's server")
