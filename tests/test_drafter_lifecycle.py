@@ -154,6 +154,9 @@ def test_native_step_rejects_inconsistent_arrays():
     "policy",
     [
         {"occurrence": "last"},
+        {"min_probability": 1.5},
+        {"min_probability": -0.1},
+        {"min_probability": True},
         {"source": "siblings"},
         {"min_match_length": 0},
         {"match_scale": -1.0},

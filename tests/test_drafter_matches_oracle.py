@@ -59,6 +59,70 @@ def test_recent_occurrence_draft_continues_some_longest_earlier_match(tokens, k)
         assert any(draft == own_continuation(seq, e, k) for e in ends)
 
 
+def _most_frequent_continuations(seq: list[int], ends: list[int]) -> tuple[set[int], float]:
+    """The tokens that most often followed the earlier occurrences ending at ``ends``, and their share."""
+    counts: dict[int, int] = {}
+    for e in ends:
+        counts[seq[e + 1]] = counts.get(seq[e + 1], 0) + 1
+    best = max(counts.values())
+    return {token for token, count in counts.items() if count == best}, best / len(ends)
+
+
+@settings(max_examples=300, deadline=None)
+@given(prompt=sequences, output=sequences, k=st.integers(1, 8),
+       min_probability=st.sampled_from([0.0, 0.4, 0.7, 1.0]), chunk=st.integers(1, 5))
+def test_frequent_occurrence_drafts_the_most_frequent_continuation_of_the_longest_match(
+        prompt, output, k, min_probability, chunk):
+    drafter = SamDrafter(VOCAB, DraftPolicy(occurrence="frequent", min_match_length=1,
+                                            min_probability=min_probability))
+    drafter.add_request("r", prompt)
+    seq = list(prompt)
+    position = 0
+    while True:
+        length, ends = own_occurrences(seq)
+        draft = drafter.propose("r", k)
+        if not ends:
+            assert draft == []
+        else:
+            best, share = _most_frequent_continuations(seq, ends)
+            if share < min_probability:
+                assert draft == []  # not even its first token is likely enough
+            else:
+                assert 1 <= len(draft) <= k and draft[0] in best
+        assert drafter.info("r")["match_length"] == length
+        if position >= len(output):
+            break
+        piece = output[position: position + chunk]
+        drafter.append("r", piece)
+        seq += piece
+        position += chunk
+
+
+def test_frequent_occurrence_follows_the_majority_of_the_siblings():
+    drafter = SamDrafter(VOCAB, DraftPolicy(occurrence="frequent", source="group", min_match_length=1))
+    for member, response in enumerate([[1, 2, 3, 4], [1, 2, 3, 4], [1, 2, 9, 9]]):
+        drafter.add_request(member, [7], group="g")
+        drafter.append(member, response)
+    drafter.add_request("behind", [7], group="g")
+    drafter.append("behind", [1, 2])
+    # "first" would follow the first sibling too; "recent" the last one, whose 9 9 two siblings contradict.
+    assert drafter.propose("behind", 2) == [3, 4]
+    strict = SamDrafter(VOCAB, DraftPolicy(occurrence="frequent", source="group", min_match_length=1,
+                                           min_probability=0.9))
+    for member, response in enumerate([[1, 2, 3, 4], [1, 2, 3, 4], [1, 2, 9, 9]]):
+        strict.add_request(member, [7], group="g")
+        strict.append(member, response)
+    strict.add_request("behind", [7], group="g")
+    strict.append("behind", [1, 2])
+    assert strict.propose("behind", 2) == []  # 3 follows "1 2" in two of three siblings: 0.67 < 0.9
+
+
+def test_frequent_occurrence_drafts_a_long_run_of_one_token():
+    drafter = SamDrafter(VOCAB, DraftPolicy(occurrence="frequent", min_match_length=1))
+    drafter.add_request("r", [3] * 5000)  # a suffix-link path of 5,000 states: counted along a bounded part
+    assert drafter.propose("r", 8) == [3] * 8
+
+
 @settings(max_examples=200, deadline=None)
 @given(prompt=st.lists(st.integers(0, 3), max_size=12),
        script=st.lists(st.tuples(st.integers(0, 3), st.lists(st.integers(0, 3), min_size=0, max_size=4)),

@@ -22,8 +22,11 @@
 
 namespace samrollout {
 
-// Which occurrence of the matched suffix supplies the draft.
-enum class Occurrence : int32_t { kFirst = 0, kRecent = 1 };
+// Which occurrence of the matched suffix supplies the draft.  kFrequent follows no single
+// occurrence: from the matched state it takes, token by token, the continuation seen most often
+// after the context (the automaton as a variable-order Markov model, backing off to shorter
+// contexts where the longest has no continuation yet), which needs occurrence counts per state.
+enum class Occurrence : int32_t { kFirst = 0, kRecent = 1, kFrequent = 2 };
 
 // Where a string position lives: member `sid` (0 is the shared prompt) at
 // logical position `pos` of prompt + that member's response.
@@ -41,7 +44,10 @@ struct Match {
 
 class Automaton {
  public:
-  explicit Automaton(Occurrence occurrence) : occurrence_(occurrence) {
+  // `min_probability` (kFrequent only): a draft stops where the estimated probability that all of
+  // it is accepted (the product of each token's share of its context's continuations) falls below.
+  explicit Automaton(Occurrence occurrence, double min_probability = 0.0)
+      : occurrence_(occurrence), min_probability_(min_probability) {
     new_state(0, -1, Position{}, Position{});
   }
 
@@ -159,6 +165,14 @@ class Automaton {
   }
 
   static constexpr int kMaxFallbackHops = 8;
+  // Occurrence counts are added along at most this many suffix links per appended token (the
+  // path is about the text's repeat depth: a loop of period p over n tokens gives n / p hops);
+  // past it the shortest contexts' counts are undercounted, which only touches drafts that back
+  // off that far.
+  static constexpr int kMaxCountHops = 256;
+  // A frequent draft stops at a context with more continuations than this (a short, common
+  // context: scanning it would cost more than its draft is worth).
+  static constexpr int kMaxScanEdges = 64;
 
  private:
   struct Member {
@@ -173,6 +187,7 @@ class Automaton {
   // in the prompt continues into `self`'s own string, and one there continues periodically.
   int32_t continuation_from(const Match& match, int32_t self, int32_t limit, int32_t* out,
                             int32_t* match_length) const {
+    if (occurrence_ == Occurrence::kFrequent) return frequent_continuation(match, limit, out, match_length);
     int32_t state = match.state;
     Position anchor = match.anchor;
     int32_t length = match.length;
@@ -195,6 +210,63 @@ class Automaton {
     return 0;
   }
 
+  // The most frequent continuation after `match`, one token at a time: each token is the
+  // context's most counted next token, and the context grows by it; a context with no
+  // continuation yet (it ends where a string ends, e.g. the member's own) backs off along its
+  // suffix link, at most kMaxFallbackHops times.  A token's probability is its count over the
+  // count of all the context's continuations; the draft stops at `limit`, at a context with
+  // more than kMaxScanEdges continuations, or where the running product of its tokens'
+  // probabilities falls below min_probability_.  `match_length` is the context length the
+  // first token was drafted from.  Ties are broken by edge order (deterministic).
+  int32_t frequent_continuation(const Match& match, int32_t limit, int32_t* out, int32_t* match_length) const {
+    int32_t state = match.state;
+    int32_t length = match.length;
+    double confidence = 1.0;
+    int32_t n = 0;
+    int hops = 0;
+    *match_length = 0;
+    while (n < limit && state > 0) {
+      const State& s = states_[state];
+      int32_t best_token = -1;
+      int32_t best_target = -1;
+      int64_t best_count = 0;
+      int64_t total = 0;
+      int scanned = 0;
+      for (int32_t e = s.head; e != EdgeTable::kMissing; e = edge_next_[e]) {
+        if (++scanned > kMaxScanEdges) return n;
+        const int64_t count = states_[edge_target_[e]].count;
+        total += count;
+        if (count > 0 && count >= best_count) {
+          best_count = count;
+          best_token = edge_token_[e];
+          best_target = edge_target_[e];
+        }
+      }
+      if (s.token0 != EdgeTable::kMissing) {  // the inline edge, the state's first: it wins ties
+        const int64_t count = states_[s.target0].count;
+        total += count;
+        if (count > 0 && count >= best_count) {
+          best_count = count;
+          best_token = s.token0;
+          best_target = s.target0;
+        }
+      }
+      if (best_count == 0) {  // no continuation yet: a shorter context
+        if (++hops > kMaxFallbackHops) break;
+        state = s.link;
+        length = states_[state].len;
+        continue;
+      }
+      confidence *= static_cast<double>(best_count) / static_cast<double>(total);
+      if (confidence < min_probability_) break;
+      if (n == 0) *match_length = length;
+      out[n++] = best_token;
+      state = best_target;
+      length += 1;
+    }
+    return n;
+  }
+
   std::size_t length_of(int32_t sid) const {
     return sid == 0 ? prompt_.size() : length(sid);
   }
@@ -214,6 +286,7 @@ class Automaton {
     int32_t token0 = EdgeTable::kMissing;   // inline edge: token
     int32_t target0 = EdgeTable::kMissing;  // inline edge: target
     int32_t head = EdgeTable::kMissing;     // further edges: list head
+    int32_t count = 0;  // kFrequent: positions the state's strings end at (occurrences)
   };
 
   int32_t new_state(int32_t len, int32_t link, Position first, Position recent) {
@@ -257,6 +330,7 @@ class Automaton {
   int32_t clone(int32_t p, int32_t token, int32_t q) {
     const State source = states_[q];
     const int32_t c = new_state(states_[p].len + 1, source.link, source.first, source.recent);
+    states_[c].count = source.count;  // the new position is counted after the split
     if (source.token0 != EdgeTable::kMissing) add_edge(c, source.token0, source.target0);
     for (int32_t e = source.head; e != EdgeTable::kMissing; e = edge_next_[e]) {
       add_edge(c, edge_token_[e], edge_target_[e]);
@@ -278,6 +352,7 @@ class Automaton {
       const int32_t state =
           states_[existing].len == states_[last].len + 1 ? existing : clone(last, token, existing);
       record_match(state, at, match);
+      count_occurrence(state);
       return state;
     }
     const int32_t cur = new_state(states_[last].len + 1, 0, at, at);
@@ -292,7 +367,18 @@ class Automaton {
       states_[cur].link = link;
     }
     record_match(states_[cur].link, at, match);
+    count_occurrence(cur);
     return cur;
+  }
+
+  // The appended position is one more end position of the new whole-string state and of every
+  // suffix of it: add it along the suffix-link path (kFrequent only; bounded, see kMaxCountHops).
+  void count_occurrence(int32_t state) {
+    if (occurrence_ != Occurrence::kFrequent) return;
+    for (int hop = 0; state > 0 && hop < kMaxCountHops; ++hop) {
+      states_[state].count += 1;
+      state = states_[state].link;
+    }
   }
 
   // The match of the suffix ending at `at` is `state`: choose the occurrence to
@@ -306,6 +392,7 @@ class Automaton {
   }
 
   Occurrence occurrence_;
+  double min_probability_;
   std::vector<int32_t> prompt_;
   int32_t prompt_end_ = 0;
   Match prompt_match_;

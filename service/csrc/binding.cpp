@@ -126,7 +126,7 @@ NB_MODULE(_sam_core, m) {
           "__init__",
           [](Drafter* self, int32_t vocab_size, int32_t min_match_length, double match_scale,
              int32_t occurrence, int32_t source, int32_t group_margin, int64_t max_request_tokens,
-             int64_t max_group_tokens, int64_t max_global_tokens, int32_t global_margin) {
+             int64_t max_group_tokens, int64_t max_global_tokens, int32_t global_margin, double min_probability) {
             samrollout::DraftPolicy policy;
             policy.vocab_size = vocab_size;
             policy.min_match_length = min_match_length;
@@ -138,10 +138,12 @@ NB_MODULE(_sam_core, m) {
             policy.max_group_tokens = max_group_tokens;
             policy.max_global_tokens = max_global_tokens;
             policy.global_margin = global_margin;
+            policy.min_probability = min_probability;
             new (self) Drafter(policy);
           },
           "vocab_size"_a, "min_match_length"_a, "match_scale"_a, "occurrence"_a, "source"_a, "group_margin"_a,
-          "max_request_tokens"_a, "max_group_tokens"_a, "max_global_tokens"_a = 0, "global_margin"_a = 4)
+          "max_request_tokens"_a, "max_group_tokens"_a, "max_global_tokens"_a = 0, "global_margin"_a = 4,
+          "min_probability"_a = 0.0)
       .def(
           "add_request",
           [](Drafter& d, int64_t request, TokenArray prompt, int64_t group) {

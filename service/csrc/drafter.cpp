@@ -13,9 +13,9 @@ namespace {
 
 }  // namespace
 
-GlobalIndex::GlobalIndex(int64_t max_tokens, Occurrence occurrence)
-    : generation_tokens_(max_tokens / 2), occurrence_(occurrence),
-      newer_(std::make_unique<Automaton>(occurrence)) {
+GlobalIndex::GlobalIndex(int64_t max_tokens, Occurrence occurrence, double min_probability)
+    : generation_tokens_(max_tokens / 2), occurrence_(occurrence), min_probability_(min_probability),
+      newer_(std::make_unique<Automaton>(occurrence, min_probability)) {
   newer_->set_prompt(nullptr, 0);
 }
 
@@ -25,7 +25,7 @@ bool GlobalIndex::add(const int32_t* tokens, std::size_t count) {
   if (newer_tokens_ + length > generation_tokens_) {
     older_ = std::move(newer_);
     older_tokens_ = newer_tokens_;
-    newer_ = std::make_unique<Automaton>(occurrence_);
+    newer_ = std::make_unique<Automaton>(occurrence_, min_probability_);
     newer_->set_prompt(nullptr, 0);
     newer_tokens_ = 0;
   }
@@ -60,8 +60,12 @@ Drafter::Drafter(const DraftPolicy& policy) : policy_(policy) {
   if (!(policy.match_scale >= 0.0) || !std::isfinite(policy.match_scale)) {
     fail("match_scale must be a finite number >= 0");
   }
-  if (policy.occurrence != Occurrence::kFirst && policy.occurrence != Occurrence::kRecent) {
-    fail("occurrence must be first or recent");
+  if (policy.occurrence != Occurrence::kFirst && policy.occurrence != Occurrence::kRecent &&
+      policy.occurrence != Occurrence::kFrequent) {
+    fail("occurrence must be first, recent or frequent");
+  }
+  if (!(policy.min_probability >= 0.0 && policy.min_probability <= 1.0)) {
+    fail("min_probability must be between 0 and 1");
   }
   if (policy.source != Source::kOwn && policy.source != Source::kGroup &&
       policy.source != Source::kBoth) {
@@ -79,7 +83,7 @@ Drafter::Drafter(const DraftPolicy& policy) : policy_(policy) {
   }
   if (policy.global_margin < 0) fail("global_margin must be >= 0");
   if (policy.max_global_tokens > 0) {
-    global_ = std::make_unique<GlobalIndex>(policy.max_global_tokens, policy.occurrence);
+    global_ = std::make_unique<GlobalIndex>(policy.max_global_tokens, policy.occurrence, policy.min_probability);
   }
 }
 
@@ -122,7 +126,7 @@ bool Drafter::add_request(int64_t request, const int32_t* prompt, std::size_t co
     auto [it, created] = groups_.try_emplace(group);
     Group& g = it->second;
     if (created) {
-      g.automaton = std::make_unique<Automaton>(policy_.occurrence);
+      g.automaton = std::make_unique<Automaton>(policy_.occurrence, policy_.min_probability);
       g.tokens = length;
       if (length > policy_.max_group_tokens) {
         g.overflow = true;
@@ -149,7 +153,7 @@ bool Drafter::add_request(int64_t request, const int32_t* prompt, std::size_t co
     }
   }
   if (r.group < 0 || policy_.source != Source::kGroup) {
-    r.own = std::make_unique<Automaton>(policy_.occurrence);
+    r.own = std::make_unique<Automaton>(policy_.occurrence, policy_.min_probability);
     if (length > policy_.max_request_tokens) {
       r.own_overflow = true;
       r.own.reset();

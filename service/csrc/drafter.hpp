@@ -26,6 +26,7 @@ struct DraftPolicy {
   int32_t min_match_length = 1;     // shorter matches propose nothing
   double match_scale = 0.0;         // >0: draft at most max(1, scale * match) tokens
   Occurrence occurrence = Occurrence::kFirst;
+  double min_probability = 0.0;     // kFrequent: a draft stops where its estimated acceptance falls below
   Source source = Source::kBoth;    // for requests that belong to a group
   int32_t group_margin = 0;         // kBoth: the group's match must be longer by more than this
   int64_t max_request_tokens = int64_t{1} << 22;  // own automaton bound
@@ -43,7 +44,7 @@ class GlobalIndex {
  public:
   static constexpr int32_t kWindow = 32;
 
-  GlobalIndex(int64_t max_tokens, Occurrence occurrence);
+  GlobalIndex(int64_t max_tokens, Occurrence occurrence, double min_probability);
   // Indexes one finished response; returns false (nothing indexed) when it is empty or
   // longer than a generation (half the budget).
   bool add(const int32_t* tokens, std::size_t count);
@@ -56,6 +57,7 @@ class GlobalIndex {
  private:
   int64_t generation_tokens_;
   Occurrence occurrence_;
+  double min_probability_;
   std::unique_ptr<Automaton> newer_;
   std::unique_ptr<Automaton> older_;
   int64_t newer_tokens_ = 0;

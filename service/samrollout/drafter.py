@@ -17,9 +17,9 @@ import numpy.typing as npt
 from samrollout._core import MAX_DRAFT_TOKENS, core
 from samrollout.tokens import Int32Array, as_token_array
 
-Occurrence = Literal["first", "recent"]
+Occurrence = Literal["first", "recent", "frequent"]
 Source = Literal["own", "group", "both"]
-_OCCURRENCES: tuple[Occurrence, ...] = ("first", "recent")
+_OCCURRENCES: tuple[Occurrence, ...] = ("first", "recent", "frequent")
 _SOURCES: tuple[Source, ...] = ("own", "group", "both")
 DraftSourceName = Literal["own", "group", "global"]
 # Where a draft comes from, in the native core's order (DraftSource in service/csrc/drafter.hpp).
@@ -35,7 +35,17 @@ class DraftPolicy:
 
     - ``occurrence``: which earlier occurrence of the matched suffix supplies the draft.
       "recent" (the latest occurrence at which that suffix was the longest match) beat
-      "first" on the traces: reasoning loops repeat their latest variant.
+      "first" on the traces: reasoning loops repeat their latest variant.  "frequent" follows
+      no single occurrence: token by token it drafts what most often followed the context
+      (the longest match, then the match grown by the drafted tokens; occurrence counts per
+      automaton state, kept along at most 256 suffix links per token), so a sibling that
+      strayed does not lead the others' drafts.  Measured on real reasoning traces at k=16
+      (README, "Frequent continuations"), it ties "recent": +1.8% tail MAL on R1-distill,
+      -1.3% on Sky-T1; not the default.
+    - ``min_probability`` ("frequent" only): a draft stops where the estimated probability
+      that all of it is accepted (the product of each token's share of its context's
+      continuations) falls below this; 0 (default) drafts up to k.  A context seen once has
+      probability 1, so this cuts drafts where siblings disagree, not where evidence is thin.
     - ``min_match_length``: matches shorter than this propose nothing.  1 drafts most and
       has the highest MAL (2.22 on the bundled traces); 2 trades a little MAL (2.06) for a
       higher acceptance rate (0.56 vs 0.46), which pays where verifying a rejected draft
@@ -73,6 +83,7 @@ class DraftPolicy:
     max_group_tokens: int = 1 << 24
     max_global_tokens: int = 0
     global_margin: int = 4
+    min_probability: float = 0.0
 
     def __post_init__(self) -> None:
         if self.occurrence not in _OCCURRENCES:
@@ -89,6 +100,10 @@ class DraftPolicy:
         check_int("max_group_tokens", self.max_group_tokens, 1, 1 << 30)
         check_int("max_global_tokens", self.max_global_tokens, 0, 1 << 30)
         check_int("global_margin", self.global_margin, 0, 1 << 30)
+        if isinstance(self.min_probability, bool) \
+                or not isinstance(self.min_probability, (int, float, np.number)) \
+                or not 0.0 <= float(self.min_probability) <= 1.0:
+            raise ValueError(f"min_probability must be a number in [0, 1], got {self.min_probability!r}")
 
     def as_dict(self) -> dict[str, Any]:
         """The policy as plain data (for JSON reports and configs)."""
@@ -141,6 +156,7 @@ class SamDrafter:
             max_group_tokens=int(self.policy.max_group_tokens),
             max_global_tokens=int(self.policy.max_global_tokens),
             global_margin=int(self.policy.global_margin),
+            min_probability=float(self.policy.min_probability),
         )
         self._handles: dict[Hashable, int] = {}
         self._request_group: dict[int, Hashable] = {}

@@ -100,7 +100,10 @@ def add_replay_parser(commands: Any) -> None:
     p.add_argument("--plot", help="write a PNG of MAL and cost per drafter")
     policy = p.add_argument_group("SAM draft policy (sam, sam-group, the oracle's own and group sources)")
     defaults = DraftPolicy()
-    policy.add_argument("--occurrence", choices=["first", "recent"], default=defaults.occurrence)
+    policy.add_argument("--occurrence", choices=["first", "recent", "frequent"], default=defaults.occurrence)
+    policy.add_argument("--min-probability", type=float, default=defaults.min_probability,
+                        help="frequent occurrence: a draft stops where its estimated acceptance probability "
+                             "falls below this")
     policy.add_argument("--min-match", type=_min_match, default=defaults.min_match_length,
                         help='shortest match that drafts, or "auto" (1: the engine on GPUs and NPUs)')
     policy.add_argument("--match-scale", type=float, default=defaults.match_scale)
@@ -170,7 +173,8 @@ def run(args: argparse.Namespace) -> int:
         policy = DraftPolicy(occurrence=args.occurrence, min_match_length=args.min_match,
                              match_scale=args.match_scale, source=args.source,
                              max_global_tokens=args.global_tokens,
-                             global_margin=args.global_margin).for_hardware(on_cpu=False)
+                             global_margin=args.global_margin,
+                             min_probability=args.min_probability).for_hardware(on_cpu=False)
         if ORACLE in drafters:
             raise ValueError("the oracle is not a drafter you can pick: it is its own row (--oracle-sources)")
         files = {path: load_traces(path, args.tokenizer, args.max_groups) for path in paths}
