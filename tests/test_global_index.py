@@ -100,3 +100,20 @@ def test_every_global_draft_continues_a_finished_response_where_the_request_matc
         assert _occurs(text[-match:] + draft, responses)
         checked += 1
     assert checked > 20
+
+
+def test_an_earlier_rollouts_response_added_to_the_global_index_drafts_like_one_finished_here():
+    earlier = _text(200, seed=5)
+    seeded = SamDrafter(VOCAB, DraftPolicy(max_global_tokens=10_000, min_match_length=1))
+    assert seeded.add_to_global(earlier)
+    assert seeded.global_tokens == 200
+    seeded.add_request("later", [4, 5, 6])
+    assert seeded.step(["later"], [earlier[80:90]], 4) == [earlier[90:94]]
+    assert seeded.last_sources(["later"]) == ["global"]
+    assert not seeded.add_to_global([])  # nothing to index
+    assert not seeded.add_to_global(list(range(VOCAB)) * 6)  # longer than a generation (half the bound)
+    assert seeded.global_tokens == 200
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        seeded.add_to_global([VOCAB])
+    off = SamDrafter(VOCAB, DraftPolicy(min_match_length=1))
+    assert not off.add_to_global(earlier) and off.global_tokens == 0

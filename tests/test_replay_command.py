@@ -139,3 +139,25 @@ def test_sam_global_drafts_a_response_from_another_prompts_finished_response(tmp
     mal = {d["drafter"]: d["mean_acceptance_length"] for d in run["drafters"]}
     assert mal["sam-global"] > mal["sam-group"] + 0.15  # 1000 of 4950 tokens are the passage
     assert "sam-global" in capsys.readouterr().out
+
+
+def test_sam_global_holds_the_earlier_rollouts_responses_to_every_prompt(tmp_path):
+    """--history: a server that served the earlier rollout indexed its responses as they finished, so a
+    response that repeats what an earlier response to another prompt wrote drafts it from the global index."""
+    rng = np.random.default_rng(2)
+    passages = [rng.integers(0, 200, size=150).tolist() for _ in range(4)]
+    traces = tmp_path / "epochs.jsonl.gz"
+    with gzip.open(traces, "wt", encoding="utf-8") as handle:
+        for g in range(4):
+            prompt = rng.integers(0, 200, size=20).tolist()
+            earlier = rng.integers(0, 200, size=100).tolist() + passages[g]
+            now = rng.integers(0, 200, size=100).tolist() + passages[(g + 1) % 4]  # the next prompt's earlier passage
+            for response in (earlier, now):
+                handle.write(json.dumps({"prompt_id": f"p{g}", "prompt_ids": prompt, "response_ids": response}) + "\n")
+    out_json = tmp_path / "r.json"
+    assert main(["replay", "--traces", str(traces), "--drafters", "sam-history,sam-global", "--history", "1",
+                 "--k", "8", "--threshold", "off", "--long-context", "", "--oracle-sources", "",
+                 "--json", str(out_json)]) == 0
+    (run,) = json.loads(out_json.read_text())["runs"]
+    accepted = {d["drafter"]: d["accepted"] for d in run["drafters"]}
+    assert accepted["sam-global"] > accepted["sam-history"] + 400  # most of the 4 x 150 passage tokens

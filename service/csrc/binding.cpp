@@ -208,6 +208,13 @@ NB_MODULE(_sam_core, m) {
           },
           "group"_a, "tokens"_a.noconvert())
       .def(
+          "add_to_global",
+          [](Drafter& d, TokenArray tokens) {
+            nb::gil_scoped_release release;
+            return d.add_to_global(tokens.data(), tokens.shape(0));
+          },
+          "tokens"_a.noconvert())
+      .def(
           "response",
           [](const Drafter& d, int64_t request) {
             std::vector<int32_t> tokens;

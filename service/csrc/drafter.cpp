@@ -321,6 +321,12 @@ bool Drafter::add_to_group(int64_t group, const int32_t* tokens, std::size_t cou
   return true;
 }
 
+bool Drafter::add_to_global(const int32_t* tokens, std::size_t count) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  check_tokens(tokens, count);
+  return global_ ? global_->add(tokens, count) : false;
+}
+
 std::vector<int32_t> Drafter::response(int64_t request) const {
   std::lock_guard<std::mutex> lock(mutex_);
   return response_locked(find(request));

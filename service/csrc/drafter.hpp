@@ -95,6 +95,10 @@ class Drafter {
   // Returns false, changing nothing, when it would take the group past max_group_tokens
   // or the group's automaton is gone (overflowed).
   bool add_to_group(int64_t group, const int32_t* tokens, std::size_t count);
+  // Indexes a finished response (an earlier rollout's, any prompt) into the global index, as if
+  // a request that wrote it had finished here.  Returns false (nothing indexed) when the index is
+  // off, or the response is empty or longer than a generation.
+  bool add_to_global(const int32_t* tokens, std::size_t count);
   // The request's response so far (empty when every automaton holding it overflowed).
   std::vector<int32_t> response(int64_t request) const;
   // The match length behind each request's last draft (0 where it drafted nothing): how much

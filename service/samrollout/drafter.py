@@ -207,6 +207,12 @@ class SamDrafter:
             raise KeyError(f"unknown group {group!r}: history joins a group while it has a live member")
         return bool(self._core.add_to_group(self._groups[group][0], as_token_array(response, "response")))
 
+    def add_to_global(self, response: Sequence[int] | npt.NDArray[Any]) -> bool:
+        """Index a finished response (an earlier rollout's, to any prompt) into the global index, as a
+        request that wrote it would be on finishing here.  False (nothing indexed) when the index is off
+        (``max_global_tokens`` 0), or the response is empty or longer than half that bound."""
+        return bool(self._core.add_to_global(as_token_array(response, "response")))
+
     def response(self, request_id: Hashable) -> Int32Array:
         """The request's response so far, as indexed (empty when its automata overflowed)."""
         tokens: Int32Array = self._core.response(self._handle(request_id))

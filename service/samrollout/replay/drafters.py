@@ -37,11 +37,15 @@ class SamReplayDrafter:
                     self.drafter.add_to_group(group, response)
 
     def remember(self, group_id: int, prompt: np.ndarray, responses: Sequence[np.ndarray]) -> None:
-        """An earlier rollout's responses to this prompt go to the history (nothing without one)."""
+        """An earlier rollout's responses to this prompt go to the history (nothing without one) and, with
+        a global index, into it: a server that served that rollout indexed them as its requests finished."""
         if self.history is not None:
             key = prompt_key(prompt)
             for index, response in enumerate(responses):
                 self.history.record(key, ("earlier", group_id, index), response)
+        if self.drafter.policy.max_global_tokens:
+            for response in responses:
+                self.drafter.add_to_global(response)
 
     def step(self, seq_ids: Sequence[int], new_tokens: Sequence[list[int]], contexts: Sequence[np.ndarray],
              k: int) -> list[list[int]]:
