@@ -66,7 +66,7 @@ class DraftPolicy:
       them the automaton is freed and that source proposes nothing (graceful fallback).
     - ``max_global_tokens``: a global index of finished responses to every prompt (like
       SuffixDecoding's global cache), bounded to this many tokens in two generations (the
-      newest responses are kept; about 140 bytes per token); 0 (default) turns it off.  A
+      newest responses are kept; about 150 bytes per token); 0 (default) turns it off.  A
       running request is looked up by its last 32 tokens, only where its own and group
       match is short; the global draft wins when its match is longer than theirs by more
       than ``global_margin`` (4 measured best of 0/4/16/31).  Off by default because it
