@@ -74,6 +74,12 @@ class _Wrapper:
         """Finish a sequence in the inner drafter."""
         self.inner.remove(seq_id)
 
+    def _drafts_and_matches(self, seq_ids: Sequence[int], new_tokens: Sequence[list[int]],
+                            contexts: Sequence[np.ndarray], k: int) -> tuple[list[list[int]], list[int]]:
+        """The inner drafter's step, and the match length behind each row's draft."""
+        drafts = self.inner.step(seq_ids, new_tokens, contexts, k)
+        return drafts, self.inner.drafter.last_match_lengths(seq_ids)
+
 
 class AcceptanceCut(_Wrapper):
     """Cuts drafts where the learned probability that all of the draft is accepted falls below ``tau``."""
@@ -114,8 +120,7 @@ class AcceptanceCut(_Wrapper):
     def step(self, seq_ids: Sequence[int], new_tokens: Sequence[list[int]], contexts: Sequence[np.ndarray],
              k: int) -> list[list[int]]:
         """Learn from the last verified drafts, then draft and cut."""
-        drafts = self.inner.step(seq_ids, new_tokens, contexts, k)
-        matches = self.inner.drafter.last_match_lengths(seq_ids)
+        drafts, matches = self._drafts_and_matches(seq_ids, new_tokens, contexts, k)
         out = []
         for seq_id, appended, draft, match in zip(seq_ids, new_tokens, drafts, matches, strict=True):
             self._learn(seq_id, appended)
@@ -163,8 +168,8 @@ class LearnedSelection(_Wrapper):
     def step(self, seq_ids: Sequence[int], new_tokens: Sequence[list[int]], contexts: Sequence[np.ndarray],
              k: int) -> list[list[int]]:
         """Score the last candidates' first tokens, then pick per row."""
-        ours = self.inner.step(seq_ids, new_tokens, contexts, k)
-        evidence = [min(m, 1023).bit_length() for m in self.inner.drafter.last_match_lengths(seq_ids)]
+        ours, matches = self._drafts_and_matches(seq_ids, new_tokens, contexts, k)
+        evidence = [min(m, 1023).bit_length() for m in matches]
         theirs = self.peer.step(seq_ids, new_tokens, contexts, k)
         out = []
         for row, (seq_id, appended) in enumerate(zip(seq_ids, new_tokens, strict=True)):
@@ -212,8 +217,7 @@ class Resync(_Wrapper):
     def step(self, seq_ids: Sequence[int], new_tokens: Sequence[list[int]], contexts: Sequence[np.ndarray],
              k: int) -> list[list[int]]:
         """Draft; where the last draft was rejected mid-copy and the match is short, resume the copy."""
-        drafts = self.inner.step(seq_ids, new_tokens, contexts, k)
-        matches = self.inner.drafter.last_match_lengths(seq_ids)
+        drafts, matches = self._drafts_and_matches(seq_ids, new_tokens, contexts, k)
         out = []
         for seq_id, appended, draft, match in zip(seq_ids, new_tokens, drafts, matches, strict=True):
             chosen = list(draft)

@@ -22,9 +22,7 @@ sequences = st.one_of(repetitive, random_tokens)
 def test_first_occurrence_draft_equals_brute_force_after_every_append(prompt, output, k, min_match, scale, chunk):
     drafter = SamDrafter(VOCAB, DraftPolicy(occurrence="first", min_match_length=min_match, match_scale=scale))
     drafter.add_request("r", prompt)
-    seq = list(prompt)
-    position = 0
-    while True:
+    for seq in _appended_in_chunks(drafter, "r", prompt, output, chunk):
         length, ends = own_occurrences(seq)
         draft = drafter.propose("r", k)
         if ends:
@@ -33,12 +31,17 @@ def test_first_occurrence_draft_equals_brute_force_after_every_append(prompt, ou
         else:
             assert draft == []
         assert drafter.info("r")["match_length"] == length
-        if position >= len(output):
-            break
+
+
+def _appended_in_chunks(drafter, request, prompt, output, chunk):
+    """The request's whole sequence before any append, then after appending each ``chunk`` tokens of ``output``."""
+    seq = list(prompt)
+    yield seq
+    for position in range(0, len(output), chunk):
         piece = output[position: position + chunk]
-        drafter.append("r", piece)
+        drafter.append(request, piece)
         seq += piece
-        position += chunk
+        yield seq
 
 
 @settings(max_examples=300, deadline=None)
@@ -76,9 +79,7 @@ def test_frequent_occurrence_drafts_the_most_frequent_continuation_of_the_longes
     drafter = SamDrafter(VOCAB, DraftPolicy(occurrence="frequent", min_match_length=1,
                                             min_probability=min_probability))
     drafter.add_request("r", prompt)
-    seq = list(prompt)
-    position = 0
-    while True:
+    for seq in _appended_in_chunks(drafter, "r", prompt, output, chunk):
         length, ends = own_occurrences(seq)
         draft = drafter.propose("r", k)
         if not ends:
@@ -90,12 +91,6 @@ def test_frequent_occurrence_drafts_the_most_frequent_continuation_of_the_longes
             else:
                 assert 1 <= len(draft) <= k and draft[0] in best
         assert drafter.info("r")["match_length"] == length
-        if position >= len(output):
-            break
-        piece = output[position: position + chunk]
-        drafter.append("r", piece)
-        seq += piece
-        position += chunk
 
 
 def test_frequent_occurrence_follows_the_majority_of_the_siblings():
