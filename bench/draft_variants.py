@@ -56,11 +56,39 @@ def _accepted_prefix(draft: Sequence[int], appended: Sequence[int]) -> int:
 
 
 class _Wrapper:
-    """Passes the replay protocol through to an inner SAM replay drafter."""
+    """Passes the replay protocol through to an inner SAM replay drafter, whose engine session gates the
+    steps: past the threshold (confident drafts off here) every draft is dropped, and `_dropped` says so."""
+
+    gates_itself = True
 
     def __init__(self, inner: Any, name: str) -> None:
         self.inner = inner
         self.name = name
+
+    def configure(self, k: int | None, threshold: int | None) -> None:
+        """The replay's gate and k, for the inner drafter's session."""
+        self.inner.configure(k, threshold)
+
+    @property
+    def last_step_allowed(self) -> bool:
+        """Whether the inner session's gate let the last step draft."""
+        return bool(self.inner.last_step_allowed)
+
+    def step(self, seq_ids: Sequence[int], new_tokens: Sequence[list[int]], contexts: Sequence[np.ndarray],
+             k: int) -> list[list[int]]:
+        """The variant's drafts, or none at all in a step the engine's gate does not let draft."""
+        drafts = self._variant_step(seq_ids, new_tokens, contexts, k)
+        if self.inner.last_step_allowed:
+            return drafts
+        self._dropped(seq_ids)
+        return [[] for _ in drafts]
+
+    def _variant_step(self, seq_ids: Sequence[int], new_tokens: Sequence[list[int]], contexts: Sequence[np.ndarray],
+                      k: int) -> list[list[int]]:
+        raise NotImplementedError
+
+    def _dropped(self, seq_ids: Sequence[int]) -> None:
+        """These rows' drafts were dropped by the gate: they were not verified (nothing to remember)."""
 
     def add(self, seq_id: int, group_id: int, prompt: np.ndarray) -> None:
         """Start a sequence in the inner drafter."""
@@ -97,13 +125,11 @@ class AcceptanceCut(_Wrapper):
         self.verified.pop(seq_id, None)
         self.outcome.pop(seq_id, None)
 
-    def confident(self, seq_ids: Sequence[int], drafts: Sequence[list[int]]) -> list[list[int]]:
-        """Past the threshold the engine drops drafts: they were not verified, so they teach nothing."""
-        kept: list[list[int]] = self.inner.confident(seq_ids, drafts)
-        for seq_id, draft in zip(seq_ids, kept, strict=True):
+    def _dropped(self, seq_ids: Sequence[int]) -> None:
+        """Drafts dropped past the threshold were not verified, so they teach nothing."""
+        for seq_id in seq_ids:
             if seq_id in self.verified:
-                self.verified[seq_id] = (list(draft), self.verified[seq_id][1])
-        return kept
+                self.verified[seq_id] = ([], self.verified[seq_id][1])
 
     def _learn(self, seq_id: int, appended: list[int]) -> None:
         draft, key = self.verified.get(seq_id, ([], (0, 0)))
@@ -117,8 +143,8 @@ class AcceptanceCut(_Wrapper):
             row[position][0] += position < accepted
         self.outcome[seq_id] = 1 if accepted == 0 else (3 if accepted == len(draft) else 2)
 
-    def step(self, seq_ids: Sequence[int], new_tokens: Sequence[list[int]], contexts: Sequence[np.ndarray],
-             k: int) -> list[list[int]]:
+    def _variant_step(self, seq_ids: Sequence[int], new_tokens: Sequence[list[int]],
+                      contexts: Sequence[np.ndarray], k: int) -> list[list[int]]:
         """Learn from the last verified drafts, then draft and cut."""
         drafts, matches = self._drafts_and_matches(seq_ids, new_tokens, contexts, k)
         out = []
@@ -165,8 +191,8 @@ class LearnedSelection(_Wrapper):
         self.peer.remove(seq_id)
         self.candidates.pop(seq_id, None)
 
-    def step(self, seq_ids: Sequence[int], new_tokens: Sequence[list[int]], contexts: Sequence[np.ndarray],
-             k: int) -> list[list[int]]:
+    def _variant_step(self, seq_ids: Sequence[int], new_tokens: Sequence[list[int]],
+                      contexts: Sequence[np.ndarray], k: int) -> list[list[int]]:
         """Score the last candidates' first tokens, then pick per row."""
         ours, matches = self._drafts_and_matches(seq_ids, new_tokens, contexts, k)
         evidence = [min(m, 1023).bit_length() for m in matches]
@@ -207,15 +233,13 @@ class Resync(_Wrapper):
         super().remove(seq_id)
         self.last.pop(seq_id, None)
 
-    def confident(self, seq_ids: Sequence[int], drafts: Sequence[list[int]]) -> list[list[int]]:
+    def _dropped(self, seq_ids: Sequence[int]) -> None:
         """Drafts dropped past the threshold are not the row's last verified draft."""
-        kept: list[list[int]] = self.inner.confident(seq_ids, drafts)
-        for seq_id, draft in zip(seq_ids, kept, strict=True):
-            self.last[seq_id] = list(draft)
-        return kept
+        for seq_id in seq_ids:
+            self.last[seq_id] = []
 
-    def step(self, seq_ids: Sequence[int], new_tokens: Sequence[list[int]], contexts: Sequence[np.ndarray],
-             k: int) -> list[list[int]]:
+    def _variant_step(self, seq_ids: Sequence[int], new_tokens: Sequence[list[int]],
+                      contexts: Sequence[np.ndarray], k: int) -> list[list[int]]:
         """Draft; where the last draft was rejected mid-copy and the match is short, resume the copy."""
         drafts, matches = self._drafts_and_matches(seq_ids, new_tokens, contexts, k)
         out = []

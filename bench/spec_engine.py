@@ -156,6 +156,7 @@ def run_mode(mode: str, args: argparse.Namespace) -> dict[str, Any]:
     before = _spec_counts(llm)
     start = time.perf_counter()
     finished: list[float] = []
+    sequences: list[dict[str, Any]] = []  # each finished request's tokens, for the rollout simulator's traces
     steps = tail_steps = 0
     for i, conv in enumerate(convs):
         llm.llm_engine.add_request(f"r{i}", llm.get_tokenizer().apply_chat_template(conv, tokenize=False,
@@ -167,6 +168,10 @@ def run_mode(mode: str, args: argparse.Namespace) -> dict[str, Any]:
         for output in llm.llm_engine.step():
             if output.finished:
                 finished.append(time.perf_counter() - start)
+                index = int(output.request_id.removeprefix("r"))
+                sequences.append({"prompt_id": f"prompt-{index % len(chats)}", "request": index,
+                                  "prompt_ids": list(output.prompt_token_ids),
+                                  "response_ids": list(output.outputs[0].token_ids)})
     acceptance = _acceptance(before, _spec_counts(llm))
     makespan = max(finished)
     finished.sort()
@@ -174,7 +179,9 @@ def run_mode(mode: str, args: argparse.Namespace) -> dict[str, Any]:
     out["rollout"] = {"requests": args.rollout, "tokens": sum(lengths), "makespan_s": makespan,
                       "tail_s": makespan - tail_start, "tail_share": (makespan - tail_start) / makespan,
                       "steps": steps, "tail_steps": tail_steps,
-                      "mean_acceptance_length": acceptance["mean_acceptance_length"]}
+                      "mean_acceptance_length": acceptance["mean_acceptance_length"],
+                      "max_num_seqs": int(llm.llm_engine.vllm_config.scheduler_config.max_num_seqs),
+                      "sequences": sorted(sequences, key=lambda seq: seq["request"])}
     setting = MODES[mode]
     if setting is not None and setting["method"] == "sam":
         proposer = llm.collective_rpc(proposer_stats)[0]
@@ -202,7 +209,9 @@ def main() -> None:
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--k", type=int, default=3)
     parser.add_argument("--threshold", type=int, default=8)
-    parser.add_argument("--batch-sizes", type=lambda s: [int(x) for x in s.split(",")], default=[1, 4, 16, 64])
+    parser.add_argument("--batch-sizes", type=lambda s: [int(x) for x in s.split(",") if x.strip()],
+                        default=[1, 4, 16, 64],
+                        help="decode throughput batch sizes measured before the rollout ('': none)")
     parser.add_argument("--repeats", type=int, default=1, help="rounds over all modes (median reported)")
     parser.add_argument("--groups", action=argparse.BooleanOptionalAction, default=True,
                         help="requests for the same prompt carry one group id (SAM drafts across them)")

@@ -92,7 +92,7 @@ def test_replay_with_history_accepts_more_than_without_on_the_same_rollout():
     later = earlier.copy()
     later[150:] = _no_loop(150, seed=5)  # the later response follows the earlier one for half its length
     group = TraceGroup("p", np.array(PROMPT, dtype=np.int32), [later])
-    with_history = SamReplayDrafter("sam-history", VOCAB, group=True, history=ResponseHistory(1 << 20, 4))
+    with_history = SamReplayDrafter("sam-history", VOCAB, group=True, history_tokens=1 << 20)
     results = [replay(drafter, [group], k=3, threshold=None, history=[[earlier]])
                for drafter in (SamReplayDrafter("sam-group", VOCAB, group=True), with_history)]
     assert results[0].accepted == 0

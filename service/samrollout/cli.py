@@ -1,4 +1,4 @@
-"""Command line: ``samrollout <command>`` (``serve``, ``model``, ``replay``)."""
+"""Command line: ``samrollout <command>`` (``serve``, ``model``, ``replay``, ``simulate``)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from samrollout.model_command import add_model_parser
 from samrollout.replay.command import add_replay_parser
 from samrollout.server.command import add_serve_parser
+from samrollout.sim.command import add_simulate_parser
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -18,6 +19,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_serve_parser(commands)
     add_model_parser(commands)
     add_replay_parser(commands)
+    add_simulate_parser(commands)
     return parser
 
 

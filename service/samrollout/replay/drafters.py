@@ -2,69 +2,107 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from samrollout.drafter import DraftPolicy, SamDrafter
-from samrollout.history import ResponseHistory, prompt_key
+from samrollout._core import MAX_DRAFT_TOKENS
+from samrollout.config import SpeculationConfig
+from samrollout.drafter import DraftPolicy
+from samrollout.spec_decode.schedule import dense_from_range
+from samrollout.spec_decode.session import DraftSession, SessionSettings, StepRow
 
 
 class SamReplayDrafter:
-    """The native drafter; with ``group=True`` siblings of a prompt share a group automaton, and with a
-    ``history`` earlier rollouts' responses to the prompt join the group (as the engine's proposer does)."""
+    """Ours under replay: the engine's own `DraftSession`, fed the replayed rows as vLLM's batch would be.
+
+    ``group``: siblings of a prompt share a group automaton; ``history_tokens`` > 0: earlier rollouts'
+    responses to the prompt join the group (cross-epoch history, needs ``group``); past the threshold
+    (`configure`) rows whose match is ``confident_match``+ tokens still draft; ``draft_range``: the
+    engine's draft length by batch size.  The session gates itself, so the replay must not drop its
+    drafts (``gates_itself``).
+    """
+
+    gates_itself = True
 
     def __init__(self, name: str, vocab_size: int, policy: DraftPolicy | None = None, group: bool = False,
-                 history: ResponseHistory | None = None, confident_match: int = 0) -> None:
-        if history is not None and not group:
+                 history_tokens: int = 0, confident_match: int = 0,
+                 draft_range: tuple[tuple[int, int], ...] | None = None,
+                 engine: SpeculationConfig | None = None, on_cpu: bool = False) -> None:
+        if history_tokens and not group:
             raise ValueError("history joins group automata: it needs group=True")
         self.name = name
+        self.vocab_size = vocab_size
+        self.policy = policy or DraftPolicy()
         self.group = group
-        self.history = history
+        self.history_tokens = history_tokens
         self.confident_match = confident_match
-        self.drafter = SamDrafter(vocab_size, policy)
-        self._keys: dict[int, bytes] = {}
+        self.draft_range = draft_range
+        self.engine = engine
+        self.on_cpu = on_cpu
+        self.clock: Callable[[], float] | None = None  # the simulated clock, for the adaptive gate
+        self.configure(None, None)
+        self._rows: dict[int, tuple[str | None, int]] = {}  # live sequence -> (group, prompt length)
+
+    @classmethod
+    def as_engine(cls, name: str, vocab_size: int, config: SpeculationConfig, on_cpu: bool = False
+                  ) -> SamReplayDrafter:
+        """Ours exactly as an engine with this config drafts (its gate, draft range, confident drafts,
+        history and policy, "auto" settled for ``on_cpu``); the replay's k and threshold do not apply."""
+        return cls(name, vocab_size, config.policy, config.group_drafting, config.history_tokens,
+                   config.confident_match, config.draft_range, engine=config, on_cpu=on_cpu)
+
+    def configure(self, k: int | None, threshold: int | None) -> None:
+        """Start afresh with the engine's gate at ``threshold`` running rows (None: draft in every round)
+        and ``k`` as the largest draft (None: whatever each step asks); the replay calls this first."""
+        if self.engine is not None:  # as the engine's proposer builds its session (SamProposer)
+            engine = self.engine
+            static_range = engine.threshold_mode == "static" and engine.draft_range is not None
+            engine_schedule = (tuple(dense_from_range(engine.draft_range))
+                               if static_range and engine.draft_range else None)
+            self.session = DraftSession(engine, self.vocab_size, SessionSettings(
+                largest_draft=engine.largest_draft(), confident_k=engine.k, on_cpu=self.on_cpu,
+                schedule=engine_schedule))
+            self.drafter = self.session.drafter
+            return
+        largest = k if k is not None else MAX_DRAFT_TOKENS
+        config = SpeculationConfig(
+            k=min(largest, 16), threshold_mode="off" if threshold is None else "static",
+            threshold=threshold or SpeculationConfig.threshold, group_drafting=self.group, policy=self.policy,
+            draft_range=self.draft_range, history_tokens=self.history_tokens,
+            confident_match=self.confident_match if threshold is not None else 0)
+        schedule = dense_from_range(config.draft_range) if config.draft_range is not None and threshold else None
+        self.session = DraftSession(config, self.vocab_size, SessionSettings(
+            largest_draft=largest, confident_k=largest, schedule=None if schedule is None else tuple(schedule)))
+        self.drafter = self.session.drafter
+
+    @property
+    def last_step_allowed(self) -> bool:
+        """Whether the gate let the last step draft (past the threshold only confident drafts are made)."""
+        return self.session.last_step_allowed
 
     def add(self, seq_id: int, group_id: int, prompt: np.ndarray) -> None:
-        """Index the prompt (once per group in group mode; a new group takes the prompt's history)."""
-        group = group_id if self.group else None
-        new_group = group is not None and not self.drafter.has_group(group)
-        self.drafter.add_request(seq_id, prompt, group=group)
-        if self.history is not None:
-            key = self._keys[seq_id] = prompt_key(prompt)
-            if new_group:
-                for response in self.history.responses(key):
-                    self.drafter.add_to_group(group, response)
+        """Start a sequence: its prompt is indexed at its first step, as the engine's proposer does."""
+        self._rows[seq_id] = (f"group-{group_id}", len(prompt))
 
     def remember(self, group_id: int, prompt: np.ndarray, responses: Sequence[np.ndarray]) -> None:
-        """An earlier rollout's responses to this prompt go to the history (nothing without one) and, with
-        a global index, into it: a server that served that rollout indexed them as its requests finished."""
-        if self.history is not None:
-            key = prompt_key(prompt)
-            for index, response in enumerate(responses):
-                self.history.record(key, ("earlier", group_id, index), response)
-        if self.drafter.policy.max_global_tokens:
-            for response in responses:
-                self.drafter.add_to_global(response)
+        """An earlier rollout's responses to this prompt: into the history and (when on) the global index,
+        as a server that served that rollout holds them."""
+        self.session.remember(prompt, responses, [("earlier", group_id, i) for i in range(len(responses))])
 
     def step(self, seq_ids: Sequence[int], new_tokens: Sequence[list[int]], contexts: Sequence[np.ndarray],
              k: int) -> list[list[int]]:
-        """One batched native call: append accepted tokens, draft for every row."""
-        return self.drafter.step(seq_ids, new_tokens, k)
-
-    def confident(self, seq_ids: Sequence[int], drafts: Sequence[list[int]]) -> list[list[int]]:
-        """In a round past the threshold, the drafts the engine still makes (`SpeculationConfig.confident_match`):
-        those from a match of at least ``confident_match`` tokens (none when it is 0)."""
-        if not self.confident_match:
-            return [[] for _ in drafts]
-        evidence = self.drafter.last_match_lengths(seq_ids)
-        return [draft if match >= self.confident_match else [] for draft, match in zip(drafts, evidence, strict=True)]
+        """One engine step over these rows (every live sequence): the session indexes, gates and drafts."""
+        rows = [StepRow(seq_id, len(tokens), context, len(context), self._rows[seq_id][1], self._rows[seq_id][0])
+                for seq_id, tokens, context in zip(seq_ids, new_tokens, contexts, strict=True)]
+        if self.engine is not None:
+            return self.session.step(rows, self._rows, now=self.clock() if self.clock else None)
+        return self.session.step(rows, self._rows, k=k)
 
     def remove(self, seq_id: int) -> None:
         """Free the sequence (and its group with its last member); its response joins the history."""
-        if self.history is not None:
-            self.history.record(self._keys.pop(seq_id), seq_id, self.drafter.response(seq_id))
-        self.drafter.remove_request(seq_id)
+        del self._rows[seq_id]
+        self.session.finish(seq_id)
 
     def memory_bytes(self) -> int:
         """Bytes held by the automata now."""

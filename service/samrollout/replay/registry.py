@@ -24,7 +24,6 @@ from dataclasses import replace
 
 from samrollout.config import SpeculationConfig
 from samrollout.drafter import DraftPolicy
-from samrollout.history import ResponseHistory
 from samrollout.replay.drafters import SamRefDrafter, SamReplayDrafter
 from samrollout.replay.protocol import ReplayDrafter
 
@@ -68,15 +67,13 @@ def make_drafter(name: str, vocab_size: int, policy: DraftPolicy | None = None,
     if name == "sam-group":
         return SamReplayDrafter("sam-group", vocab_size, policy, group=True, confident_match=confident_match)
     if name == "sam-history":
-        return SamReplayDrafter("sam-history", vocab_size, policy, group=True,
-                                history=ResponseHistory(REPLAY_HISTORY_TOKENS, ENGINE.history_responses),
+        return SamReplayDrafter("sam-history", vocab_size, policy, group=True, history_tokens=REPLAY_HISTORY_TOKENS,
                                 confident_match=confident_match)
     if name == "sam-global":
         policy = policy or DraftPolicy()
         if not policy.max_global_tokens:
             policy = replace(policy, max_global_tokens=REPLAY_GLOBAL_TOKENS)
-        return SamReplayDrafter("sam-global", vocab_size, policy, group=True,
-                                history=ResponseHistory(REPLAY_HISTORY_TOKENS, ENGINE.history_responses),
+        return SamReplayDrafter("sam-global", vocab_size, policy, group=True, history_tokens=REPLAY_HISTORY_TOKENS,
                                 confident_match=confident_match)
     if name == "sam-ref":
         return SamRefDrafter()

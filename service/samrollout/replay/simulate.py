@@ -9,9 +9,11 @@ fixed by the traces, not by the drafter: the positions past the round at which, 
 speculation, at most ``tail_rows`` responses would still run.  That is where a
 thresholded engine speculates, so its acceptance is reported on its own.
 
-``threshold`` is the engine's static gate: in a round with more running rows than
-that, the drafter still indexes the new tokens (as the engine's proposer does) but
-its drafts are dropped, so the step yields one token.
+``threshold`` is the engine's static gate.  Our drafters are the engine's own
+`DraftSession` (``gates_itself``): it applies the gate, the draft range and confident
+drafts itself, exactly as in the engine.  For the others (vLLM's peers, the oracle), in a
+round with more running rows than the threshold the drafter still indexes the new tokens
+but its drafts are dropped, so the step yields one token.
 
 An oracle (`samrollout.replay.oracle.SourceOracle`) returns, per row, one candidate
 draft per source; the step takes the candidate with the longest accepted
@@ -164,6 +166,9 @@ def replay(drafter: ReplayDrafter | SourceOracle, groups: list[TraceGroup], k: i
     truth: dict[int, list[int]] = {}
     position: dict[int, int] = {}
     pending: dict[int, list[int]] = {}
+    configure = getattr(drafter, "configure", None)
+    if configure is not None:
+        configure(k, threshold)  # ours: the engine's session, gated as the engine gates
     for group_index, earlier in enumerate(history or []):
         remember(drafter, group_index, groups[group_index].prompt, earlier)
     for group_index, group in enumerate(groups):
@@ -187,7 +192,8 @@ def replay(drafter: ReplayDrafter | SourceOracle, groups: list[TraceGroup], k: i
         ids = list(position)
         contexts = [full[i][: prompt_length[i] + position[i]] for i in ids]
         new = [pending[i] for i in ids]
-        gated = threshold is not None and len(ids) > threshold
+        self_gated = getattr(drafter, "gates_itself", False)  # ours: the engine's session gates its own drafts
+        gated = not self_gated and threshold is not None and len(ids) > threshold
         start = time.perf_counter()
         drafts: list[Any]
         if gated and isinstance(drafter, SourceOracle):
@@ -198,14 +204,11 @@ def replay(drafter: ReplayDrafter | SourceOracle, groups: list[TraceGroup], k: i
         result.step_seconds += time.perf_counter() - start
         result.row_steps += len(ids)
         result.indexed_tokens += sum(len(t) for t in new)
-        if not gated:
+        if (drafter.last_step_allowed if self_gated else not gated):  # type: ignore[union-attr]
             result.drafting_steps += len(ids)
-        confident = getattr(drafter, "confident", None)
-        if gated and confident is not None:
-            drafts = confident(ids, drafts)  # past the threshold: only drafts with long evidence
         for seq_id, draft in zip(ids, drafts, strict=True):
             pos = position[seq_id]
-            if gated and confident is None:
+            if gated:
                 draft = []
             elif sources:
                 draft = _best_candidate(result, draft, truth[seq_id], pos, k)

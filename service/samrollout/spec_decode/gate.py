@@ -9,7 +9,7 @@ requests it drafts for.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from samrollout.config import SpeculationConfig
@@ -22,7 +22,7 @@ class Gate:
         """Whether to draft at all in a step with ``running`` requests."""
         return True
 
-    def allow_request(self, request_id: str) -> bool:
+    def allow_request(self, request_id: Hashable) -> bool:
         """Whether to draft for this request (after the step is allowed)."""
         return True
 
@@ -34,10 +34,10 @@ class Gate:
         """One finished engine step: its batch size, whether any request in it verified a draft,
         its wall time, and the tokens it produced (accepted drafts plus one per request)."""
 
-    def observe_request(self, request_id: str, drafted: int, accepted: int) -> None:
+    def observe_request(self, request_id: Hashable, drafted: int, accepted: int) -> None:
         """Outcome of a request's previous draft: tokens proposed, tokens accepted."""
 
-    def forget(self, request_ids: Iterable[str]) -> None:
+    def forget(self, request_ids: Iterable[Hashable]) -> None:
         """Drop state of requests that left the engine."""
 
     def summary(self) -> dict[str, dict[str, float]]:
@@ -117,7 +117,7 @@ class AdaptiveGate(Gate):
     mute_steps: int = 64
     _on: dict[int, _Ema] = field(default_factory=dict)
     _off: dict[int, _Ema] = field(default_factory=dict)
-    _requests: dict[str, _RequestStats] = field(default_factory=dict)
+    _requests: dict[Hashable, _RequestStats] = field(default_factory=dict)
     _step: int = 0
 
     @staticmethod
@@ -158,7 +158,7 @@ class AdaptiveGate(Gate):
             return not choice
         return choice
 
-    def allow_request(self, request_id: str) -> bool:
+    def allow_request(self, request_id: Hashable) -> bool:
         """False while a request with persistently low acceptance is muted."""
         stats = self._requests.get(request_id)
         return stats is None or stats.muted_until_step <= self._step
@@ -170,7 +170,7 @@ class AdaptiveGate(Gate):
         table = self._on if drafted else self._off
         table.setdefault(self.bucket(running), _Ema()).add(tokens / seconds, self.alpha)
 
-    def observe_request(self, request_id: str, drafted: int, accepted: int) -> None:
+    def observe_request(self, request_id: Hashable, drafted: int, accepted: int) -> None:
         """Per-request acceptance, for muting requests whose drafts keep failing."""
         if drafted <= 0:
             return
@@ -182,7 +182,7 @@ class AdaptiveGate(Gate):
                 stats.muted_until_step = self._step + self.mute_steps
             stats.drafted = stats.accepted = 0  # judge the next window afresh
 
-    def forget(self, request_ids: Iterable[str]) -> None:
+    def forget(self, request_ids: Iterable[Hashable]) -> None:
         """Drop per-request stats of finished requests."""
         for request_id in request_ids:
             self._requests.pop(request_id, None)

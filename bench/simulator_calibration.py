@@ -1,0 +1,210 @@
+"""Calibrate the rollout simulator on the CPU engine: simulated against measured makespans, mode by mode.
+
+    python bench/simulator_calibration.py --rounds 3 --json bench/results/simulator-calibration-cpu.json \\
+        --plot bench/results/simulator-calibration-cpu.png
+
+In one run on this machine (which drifts by 20% and more within an hour, so nothing is reused from
+another run):
+
+1. the CPU cost table, measured through the real vLLM engine (``bench/engine_cost.py``);
+2. the ``bench/spec_engine.py`` rollout (32 greedy requests in 8 groups of 4, heavy-tailed lengths)
+   for every mode, ``--rounds`` interleaved rounds, the median makespan taken;
+3. the same rollout simulated (`samrollout.sim.rollout`) for every mode: its requests' real tokens
+   (the engine's own greedy outputs, identical in every mode), the engine's slots, the mode's drafter
+   (ours through the engine's `DraftSession` with the mode's `SpeculationConfig`; vLLM's ngram and
+   suffix through the replay's peers, at the bench's k) and the cost table.
+
+Prints and writes, per mode, ``measured_s`` (median), its range, ``simulated_s`` and ``error``
+(simulated / measured - 1), and whether the ranking of modes is kept wherever two modes' measured
+medians differ by more than their round-to-round spread.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from statistics import median
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+DEFAULT_MODES = "off,sam-static,sam-static-only,sam-always,sam-adaptive,ngram,suffix"
+
+
+def _spec_engine() -> Any:
+    """bench/spec_engine.py as a module (its MODES say how each mode configures the engine)."""
+    spec = importlib.util.spec_from_file_location("spec_engine", HERE / "spec_engine.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _run(cmd: list[str]) -> None:
+    print("$", " ".join(cmd), flush=True)
+    subprocess.run(cmd, check=True)
+
+
+def mode_plan(mode: str, k: int, threshold: int) -> tuple[str, Any]:
+    """(drafter kind, our SpeculationConfig or None) for a spec_engine mode, configured as that bench does."""
+    from samrollout.config import SpeculationConfig
+    from samrollout.drafter import DraftPolicy
+
+    setting = _spec_engine().MODES[mode]
+    if setting is None:
+        return "off", None
+    if setting["method"] in ("ngram", "suffix"):
+        return setting["method"], None
+    policy = DraftPolicy(min_match_length=setting.get("min_match_length", "auto"),
+                         max_global_tokens=setting.get("max_global_tokens", DraftPolicy.max_global_tokens))
+    return "sam", SpeculationConfig(k=k, threshold_mode=setting["threshold_mode"], threshold=threshold,
+                                    policy=policy,
+                                    confident_match=setting.get("confident_match", SpeculationConfig.confident_match))
+
+
+def simulate_mode(mode: str, traces: Path, cost_path: Path, slots: int, k: int, threshold: int,
+                  tail: int) -> dict[str, Any]:
+    """The simulated rollout of one mode on the engine's own tokens."""
+    from samrollout.replay.drafters import SamReplayDrafter
+    from samrollout.replay.registry import make_drafter
+    from samrollout.replay.traces import load_traces, vocab_size
+    from samrollout.sim.cost import CostTable
+    from samrollout.sim.rollout import SimSettings, simulate
+
+    groups = load_traces(str(traces), None)
+    vocab = max(vocab_size(groups), 49152)
+    kind, config = mode_plan(mode, k, threshold)
+    factory: Any = None
+    if kind == "sam":
+        factory = lambda: SamReplayDrafter.as_engine(mode, vocab, config, on_cpu=True)  # noqa: E731
+    elif kind == "ngram":
+        factory = lambda: make_drafter("ngram", vocab)  # noqa: E731
+    elif kind == "suffix":
+        factory = lambda: make_drafter("suffix-cache", vocab)  # noqa: E731
+    largest = config.largest_draft() if config is not None else k
+    result = simulate(groups, factory, largest, CostTable.load(cost_path), SimSettings(slots=slots, tail_rows=tail),
+                      mode)
+    return result.as_dict()
+
+
+def write_traces(run: dict[str, Any], path: Path) -> None:
+    """The rollout's requests (prompt and greedy output token ids, by prompt group) as a trace file."""
+    with gzip.open(path, "wt", encoding="utf-8") as handle:
+        for seq in run["rollout"]["sequences"]:
+            handle.write(json.dumps({"prompt_id": seq["prompt_id"], "prompt_ids": seq["prompt_ids"],
+                                     "response_ids": seq["response_ids"]}) + "\n")
+
+
+def ranking_kept(modes: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Pairs whose measured medians differ by more than both modes' round spreads: is their order simulated?"""
+    names = list(modes)
+    checked, kept, broken = 0, 0, []
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            ma, mb = modes[a], modes[b]
+            spread = max(ma["measured_range_s"][1] - ma["measured_range_s"][0],
+                         mb["measured_range_s"][1] - mb["measured_range_s"][0])
+            if abs(ma["measured_s"] - mb["measured_s"]) <= spread:
+                continue
+            checked += 1
+            if (ma["measured_s"] < mb["measured_s"]) == (ma["simulated_s"] < mb["simulated_s"]):
+                kept += 1
+            else:
+                broken.append([a, b])
+    return {"pairs_checked": checked, "pairs_kept": kept, "pairs_broken": broken}
+
+
+def main() -> None:
+    """Measure the cost table and the modes, simulate the modes, print and write the comparison."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--modes", default=DEFAULT_MODES)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--k", type=int, default=3)
+    parser.add_argument("--threshold", type=int, default=8)
+    parser.add_argument("--tail", type=int, default=8)
+    parser.add_argument("--cost", help="use this cost table instead of measuring one (not a calibration)")
+    parser.add_argument("--cost-args", default="--lengths 64,256,768 --batches 1,2,4,8,16,32 --qs 1,2,3,4",
+                        help="bench/engine_cost.py grid")
+    parser.add_argument("--measured", help="use this spec_engine JSON instead of running the modes")
+    parser.add_argument("--json")
+    parser.add_argument("--plot")
+    args = parser.parse_args()
+    work = Path(f"/tmp/simulator_calibration_{os.getpid()}")
+    work.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    cost_path = Path(args.cost) if args.cost else work / "engine-cost-cpu.json"
+    if not args.cost:
+        _run([sys.executable, str(HERE / "engine_cost.py"), *args.cost_args.split(), "--json", str(cost_path)])
+    measured_path = Path(args.measured) if args.measured else work / "spec-engine.json"
+    if not args.measured:
+        _run([sys.executable, str(HERE / "spec_engine.py"), "--modes", args.modes, "--repeats", str(args.rounds),
+              "--batch-sizes", "", "--k", str(args.k), "--threshold", str(args.threshold), "--tail", str(args.tail),
+              "--json", str(measured_path)])
+    measured = {r["mode"]: r for r in json.loads(measured_path.read_text())["results"]}
+    first = next(iter(measured.values()))["runs"][0]
+    traces = work / "rollout.jsonl.gz"
+    write_traces(first, traces)
+    slots = int(first["rollout"]["max_num_seqs"])
+    modes: dict[str, dict[str, Any]] = {}
+    for mode, summary in measured.items():
+        simulated = simulate_mode(mode, traces, cost_path, slots, args.k, args.threshold, args.tail)
+        rollout = summary["rollout"]
+        modes[mode] = {"measured_s": rollout["makespan_s"], "measured_range_s": rollout["makespan_range_s"],
+                       "measured_rounds_s": [run["rollout"]["makespan_s"] for run in summary["runs"]],
+                       "measured_steps": rollout["steps"], "measured_tail_s": rollout["tail_s"],
+                       "measured_mal": rollout["mean_acceptance_length"],
+                       "simulated_s": simulated["makespan_s"], "simulated_steps": simulated["steps"],
+                       "simulated_tail_s": simulated["tail_s"],
+                       "simulated_mal": simulated["mean_acceptance_length"],
+                       "error": simulated["makespan_s"] / rollout["makespan_s"] - 1}
+    ranking = ranking_kept(modes)
+    print(f"\n{'mode':<18}{'measured s':>11}{'range':>15}{'simulated s':>12}{'error':>8}{'steps m/s':>14}"
+          f"{'MAL m/s':>12}")
+    for mode, row in modes.items():
+        low, high = row["measured_range_s"]
+        print(f"{mode:<18}{row['measured_s']:>11.2f}{f'{low:.1f}-{high:.1f}':>15}{row['simulated_s']:>12.2f}"
+              f"{row['error']:>+8.1%}{row['measured_steps']:>7.0f}/{row['simulated_steps']:<6}"
+              f"{row['measured_mal']:>6.2f}/{row['simulated_mal']:<5.2f}")
+    print(f"ranking: {ranking['pairs_kept']} of {ranking['pairs_checked']} separable pairs kept"
+          + (f"; broken: {ranking['pairs_broken']}" if ranking["pairs_broken"] else ""))
+    report = {"options": vars(args), "slots": slots, "cost_table": json.loads(cost_path.read_text()),
+              "modes": modes, "ranking": ranking, "max_abs_error": max(abs(r["error"]) for r in modes.values()),
+              "wall_s": time.perf_counter() - started}
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
+    if args.plot:
+        plot(modes, args.plot)
+
+
+def plot(modes: dict[str, dict[str, Any]], path: str) -> None:
+    """Measured (rounds and median) against simulated makespan per mode."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    names = list(modes)
+    for i, name in enumerate(names):
+        row = modes[name]
+        ax.scatter([i] * len(row["measured_rounds_s"]), row["measured_rounds_s"], color="grey", s=12)
+        ax.scatter([i], [row["measured_s"]], color="C0", marker="_", s=400, label="measured median" if i == 0 else None)
+        ax.scatter([i], [row["simulated_s"]], color="C1", marker="x", s=60, label="simulated" if i == 0 else None)
+    ax.set_xticks(range(len(names)), names, rotation=30, ha="right")
+    ax.set_ylabel("rollout makespan (s)")
+    ax.set_title("simulator calibration on the CPU engine (spec_engine rollout)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+if __name__ == "__main__":
+    main()

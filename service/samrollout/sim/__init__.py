@@ -1,0 +1,1 @@
+"""Rollout simulation: what a step of the target model costs, measured tables and their interpolation."""

@@ -1,0 +1,233 @@
+"""``samrollout simulate``: how much faster will my rollouts be?  Projected rollout time per mode, side by side.
+
+Replays real responses (at their real lengths) as one synchronous rollout per setting through
+`samrollout.sim.rollout` with a measured cost table (``bench/results/verify-cost-*.json`` format,
+`samrollout.sim.cost`), for each mode:
+
+- ``off``: no speculation;
+- ``suffix``: vLLM's SuffixDecoding at its defaults (global cache on, k 24, every step);
+  ``suffix-kN``: the same at k = N; ``suffix-nocache``: its global tree off;
+- ``ngram``: vLLM's n-gram at k 3 (vLLM has no default k); ``ngram-kN``;
+- ``samrollout``: ours at the server's defaults for the cost table's device kind (`ServerSettings`);
+  ``samrollout-kN``: ours drafting N tokens up to the threshold; ``samrollout-tN``: threshold N;
+  ``samrollout-cN``: confident drafts from matches of N+ tokens (0: none past the threshold);
+  ``samrollout-rB.K-rB.K...``: the draft range, K tokens while at most B run (threshold: the last B);
+- a ``+length-aware`` suffix on any mode: the server's length-aware admission instead of fcfs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from samrollout.config import SpeculationConfig, checked_draft_range
+from samrollout.replay.protocol import ReplayDrafter
+from samrollout.replay.traces import (
+    ResponseFilter,
+    TraceError,
+    TraceGroup,
+    load_traces,
+    select,
+    split_paths,
+    vocab_size,
+)
+from samrollout.sim.cost import CostTable
+from samrollout.sim.rollout import SimResult, SimSettings, simulate
+
+DEFAULT_MODES = "off,ngram,suffix,samrollout,samrollout+length-aware"
+_MODE = re.compile(r"^(off|ngram|suffix|suffix-nocache|samrollout)((?:-[ktc]\d+|-r\d+\.\d+)*)(\+length-aware)?$")
+
+
+def add_simulate_parser(commands: Any) -> None:
+    """Register the ``simulate`` sub-command."""
+    p = commands.add_parser("simulate", help="project rollout time per speculation mode from a cost table",
+                            description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--traces", action="append", required=True,
+                   help="JSONL(.gz) trace files (as for `samrollout replay`); comma-separated or repeated")
+    p.add_argument("--tokenizer", help="Hugging Face tokenizer path for text traces")
+    p.add_argument("--cost", required=True, help="cost table JSON (bench/verify_cost.py or bench/engine_cost.py)")
+    p.add_argument("--device-kind", choices=["cuda", "npu", "cpu"],
+                   help="whose server defaults 'samrollout' means (default: the cost table's device)")
+    p.add_argument("--responses", choices=["all", "clean", "both"], default="clean")
+    p.add_argument("--modes", default=DEFAULT_MODES, help=f"comma-separated (default {DEFAULT_MODES})")
+    p.add_argument("--slots", default="64", help="max_num_seqs per instance, comma-separated for several runs")
+    p.add_argument("--instances", default="1", help="engine instances, comma-separated for several runs")
+    p.add_argument("--kv-tokens", type=int, default=None,
+                   help="KV cache per instance in tokens (default: unlimited); past it the newest sequence is "
+                        "preempted and recomputed, as vLLM does")
+    p.add_argument("--history", type=int, default=0, metavar="N",
+                   help="each group's first N responses are an earlier rollout (given to drafters that keep "
+                        "them: ours, suffix's global cache), not simulated")
+    p.add_argument("--max-groups", type=int, help="only the first N groups of each file")
+    p.add_argument("--no-drafter-time", action="store_true",
+                   help="do not charge the drafters' own wall time (measured here) to the steps")
+    p.add_argument("--json", help="write every result to this JSON file")
+    p.add_argument("--plot", help="write a PNG of unfinished responses over time per mode")
+    p.set_defaults(run=run)
+
+
+def mode_settings(name: str, device_kind: str) -> tuple[str, int, SpeculationConfig | None, str]:
+    """(drafter kind, k, our config or None, scheduling) of a mode name; ValueError for unknown names."""
+    match = _MODE.match(name)
+    if match is None:
+        raise ValueError(f"unknown mode {name!r}: see `samrollout simulate --help`")
+    base, options, length_aware = match.groups()
+    scheduling = "length-aware" if length_aware else "fcfs"
+    parts = [opt for opt in options.split("-") if opt]
+    values = {opt[0]: int(opt[1:]) for opt in parts if opt[0] != "r"}
+    draft_range = tuple((int(a), int(b)) for a, b in (opt[1:].split(".") for opt in parts if opt[0] == "r"))
+    if base in ("suffix", "suffix-nocache"):
+        from samrollout.replay.registry import VLLM_SUFFIX_DEFAULT_K
+
+        return base, values.get("k", VLLM_SUFFIX_DEFAULT_K), None, scheduling
+    if base == "ngram":
+        return base, values.get("k", SpeculationConfig.k), None, scheduling
+    if base == "off":
+        return base, 1, None, scheduling
+    from samrollout.server.settings import ServerSettings
+
+    config = ServerSettings.model_validate({}).speculation_config(on_cuda=device_kind == "cuda")
+    assert config is not None
+    if "t" in values:
+        config = replace(config, threshold=values["t"],
+                         draft_range=None if config.draft_range is None else
+                         ((values["t"], max(k for _, k in config.draft_range)),))
+    if "k" in values:
+        config = replace(config, draft_range=((config.threshold, values["k"]),))
+    if draft_range:
+        config = replace(config, threshold=draft_range[-1][0], draft_range=checked_draft_range(draft_range))
+    if "c" in values:
+        config = replace(config, confident_match=values["c"])
+    return base, config.largest_draft(), config, scheduling
+
+
+def drafter_factory(kind: str, vocab: int, config: SpeculationConfig | None,
+                    device_kind: str) -> Callable[[], ReplayDrafter] | None:
+    """A fresh drafter per instance for a mode (None: no speculation)."""
+    if kind == "off":
+        return None
+    if kind == "samrollout":
+        from samrollout.replay.drafters import SamReplayDrafter
+
+        assert config is not None
+        return lambda: SamReplayDrafter.as_engine("samrollout", vocab, config, on_cpu=device_kind == "cpu")
+    from samrollout.replay.registry import make_drafter
+
+    name = {"suffix": "suffix-cache", "suffix-nocache": "suffix", "ngram": "ngram"}[kind]
+    return lambda: make_drafter(name, vocab)
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def run(args: argparse.Namespace) -> int:
+    """Simulate every mode for every file, response filter, slot count and instance count; print, write, plot."""
+    from samrollout.replay.command import split_history
+
+    try:
+        cost = CostTable.load(args.cost)
+        device_kind = args.device_kind or ("cuda" if cost.device.startswith("cuda") else "cpu")
+        modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+        plans = {m: mode_settings(m, device_kind) for m in modes}
+        files = {path: load_traces(path, args.tokenizer, args.max_groups) for path in split_paths(args.traces)}
+    except (TraceError, ValueError, OSError) as error:
+        print(f"samrollout simulate: {error}", file=sys.stderr)
+        return 2
+    filters: list[ResponseFilter] = ["clean", "all"] if args.responses == "both" else [args.responses]
+    projections: list[dict[str, Any]] = []
+    for path, loaded in files.items():
+        vocab = vocab_size(loaded)
+        for which in filters:
+            groups, earlier = split_history(select(loaded, which, []), args.history)
+            for slots in _ints(args.slots):
+                for instances in _ints(args.instances):
+                    settings = SimSettings(slots=slots, kv_tokens=args.kv_tokens, instances=instances,
+                                           charge_drafter=not args.no_drafter_time)
+                    projections.append(project(path, which, groups, earlier, settings, plans, vocab, cost,
+                                               device_kind))
+    report = {"cost_table": cost.describe(), "device_kind": device_kind, "projections": projections,
+              "options": {key: value for key, value in vars(args).items() if key != "run"}}
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
+    if args.plot:
+        write_plot(args.plot, projections)
+    return 0
+
+
+def project(path: str, which: str, groups: list[TraceGroup], earlier: list[Any], settings: SimSettings,
+            plans: dict[str, tuple[str, int, SpeculationConfig | None, str]], vocab: int, cost: CostTable,
+            device_kind: str) -> dict[str, Any]:
+    """One projection (a file, filter, slots and instances): every mode simulated, printed as a table."""
+    results: dict[str, SimResult] = {}
+    seconds: dict[str, float] = {}
+    for mode, (kind, k, config, scheduling) in plans.items():
+        started = time.perf_counter()
+        results[mode] = simulate(groups, drafter_factory(kind, vocab, config, device_kind), k, cost,
+                                 replace(settings, scheduling=scheduling), mode, earlier)
+        seconds[mode] = time.perf_counter() - started
+    responses = sum(len(g.responses) for g in groups)
+    print(f"\n== {path} ({which}: {responses} responses in {len(groups)} groups), {settings.slots} slots x "
+          f"{settings.instances} instance(s), KV {settings.kv_tokens or 'unlimited'} tokens")
+    print(format_table(results))
+    return {"traces": path, "responses": which, "slots": settings.slots, "instances": settings.instances,
+            "kv_tokens": settings.kv_tokens, "response_count": responses, "groups": len(groups),
+            "modes": {mode: {**result.as_dict(), "k": plans[mode][1], "scheduling": plans[mode][3],
+                             "config": _config_json(plans[mode][2]), "simulation_wall_s": seconds[mode]}
+                      for mode, result in results.items()}}
+
+
+def _config_json(config: SpeculationConfig | None) -> dict[str, Any] | None:
+    return None if config is None else config.to_json()
+
+
+def format_table(results: dict[str, SimResult]) -> str:
+    """Makespan (and against off and vLLM suffix), tail, steps, tokens/s, MAL, drafter time per mode."""
+    off = results.get("off")
+    suffix = results.get("suffix")
+    lines = [f"{'mode':<32}{'makespan s':>11}{'x off':>7}{'x suffix':>9}{'tail s':>8}{'steps':>8}"
+             f"{'tok/s':>9}{'MAL':>6}{'drafter s':>10}{'preempt':>8}"]
+    for mode, r in results.items():
+        vs_off = r.makespan_s / off.makespan_s if off and off.makespan_s else float("nan")
+        vs_suffix = r.makespan_s / suffix.makespan_s if suffix and suffix.makespan_s else float("nan")
+        lines.append(f"{mode:<32}{r.makespan_s:>11.1f}{vs_off:>7.2f}{vs_suffix:>9.2f}{r.tail_s:>8.1f}{r.steps:>8}"
+                     f"{r.tokens / r.makespan_s if r.makespan_s else 0:>9.0f}{r.mean_acceptance_length:>6.2f}"
+                     f"{r.drafter_s:>10.2f}{r.preemptions:>8}")
+    return "\n".join(lines)
+
+
+def write_plot(path: str, projections: list[dict[str, Any]]) -> None:
+    """Unfinished responses over time, one line per mode, one panel per projection."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    count = len(projections)
+    columns = min(count, 2)
+    rows = (count + columns - 1) // columns
+    fig, axes = plt.subplots(rows, columns, figsize=(7 * columns, 4 * rows), squeeze=False)
+    for ax, projection in zip(axes.flat, projections, strict=False):
+        for mode, data in projection["modes"].items():
+            points = data["timeline"]
+            ax.step([p[0] for p in points], [p[1] for p in points], where="post",
+                    label=f"{mode} ({data['makespan_s']:.0f} s)")
+        ax.set_title(f"{Path(projection['traces']).name.split('.')[0]} {projection['responses']}, "
+                     f"{projection['slots']} slots x {projection['instances']}", fontsize=9)
+        ax.set_xlabel("simulated seconds")
+        ax.set_ylabel("responses unfinished")
+        ax.set_yscale("symlog", linthresh=8)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    for ax in list(axes.flat)[count:]:
+        ax.set_visible(False)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)

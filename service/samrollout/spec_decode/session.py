@@ -1,0 +1,338 @@
+"""The per-step drafting logic, free of any engine: one `DraftSession` drives the native drafter.
+
+The vLLM proposer (`samrollout.spec_decode.proposer.SamProposer`) adapts vLLM's batch to
+`StepRow`s; the replay and the rollout simulator build the same rows from recorded tokens.  So
+what a replay or a simulation reports is, by construction, what the engine's proposer does:
+catching up with each request's tokens (or rebuilding a sequence that got shorter), groups,
+joining earlier responses (the cross-epoch history), the threshold / draft-range gate, confident
+drafts past it, and the acceptance accounting.
+
+A step takes every row of the batch (rows that only prefilled carry ``sampled == 0`` and get no
+draft) and the ids of every request still in the batch; requests absent from it are freed (their
+responses join the history).  Time comes from ``now`` (seconds; the engine passes its clock, a
+simulator its simulated time), which the adaptive gate turns into step times.
+"""
+
+from __future__ import annotations
+
+import bisect
+import time
+from collections import Counter
+from collections.abc import Collection, Hashable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from samrollout.config import SpeculationConfig
+from samrollout.drafter import DRAFT_SOURCES, DraftSourceName, SamDrafter
+from samrollout.history import ResponseHistory, prompt_key
+from samrollout.spec_decode.gate import Gate, make_gate
+
+# Upper bounds (seconds) of the proposer's step-time histogram, exported as samrollout_drafter_step_seconds.
+STEP_SECONDS_BUCKETS = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2)
+
+TokenRow = Sequence[int] | npt.NDArray[Any]
+
+
+@dataclass(frozen=True)
+class StepRow:
+    """One row of an engine step: a request and its whole sequence so far.
+
+    ``tokens`` holds at least ``length`` tokens (prompt then output; only the first ``length``
+    are read); ``sampled``: tokens the step just finished produced for it (0: it only prefilled);
+    ``group``: its sibling group (None: none, or grouped by prompt when the history is on);
+    ``greedy``: temperature 0; ``room``: most draft tokens its context still has room for.
+    """
+
+    request_id: Hashable
+    sampled: int
+    tokens: TokenRow
+    length: int
+    prompt_length: int
+    group: str | None = None
+    greedy: bool = True
+    room: int = 1 << 30
+
+
+@dataclass(frozen=True)
+class SessionSettings:
+    """What a session needs beyond the config: the largest draft vLLM verifies (``largest_draft``),
+    the confident drafts' length past the threshold, the hardware, vLLM's batch-size schedule (if the
+    engine has one), and whether sampled requests get drafts."""
+
+    largest_draft: int
+    confident_k: int
+    on_cpu: bool = False
+    schedule: tuple[int, ...] | None = None
+    draft_sampled: bool = True
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain data (for draft logs)."""
+        return {"largest_draft": self.largest_draft, "confident_k": self.confident_k, "on_cpu": self.on_cpu,
+                "schedule": None if self.schedule is None else list(self.schedule),
+                "draft_sampled": self.draft_sampled}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SessionSettings:
+        """The inverse of `as_dict`."""
+        schedule = data.get("schedule")
+        return cls(int(data["largest_draft"]), int(data["confident_k"]), bool(data["on_cpu"]),
+                   None if schedule is None else tuple(int(x) for x in schedule), bool(data["draft_sampled"]))
+
+
+def _by_batch_size(counts: Counter[int]) -> dict[str, int]:
+    """Counts keyed by batch size as JSON keys, smallest first."""
+    return {str(size): count for size, count in sorted(counts.items())}
+
+
+@dataclass
+class _Counters:
+    """What the session proposed and what came back accepted, for metrics, benches and tests."""
+
+    steps: int = 0
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    sampled_rows_skipped: int = 0
+    confident_drafts: int = 0  # rows drafted past the threshold on a long match (confident_match)
+    longest_confident_draft: int = 0
+    history_joined_responses: int = 0
+    propose_seconds: float = 0.0
+    step_seconds_counts: list[int] = field(default_factory=lambda: [0] * (len(STEP_SECONDS_BUCKETS) + 1))
+    steps_by_batch_size: Counter[int] = field(default_factory=Counter)
+    drafting_steps_by_batch_size: Counter[int] = field(default_factory=Counter)
+    source_draft_tokens: dict[DraftSourceName, int] = field(default_factory=lambda: dict.fromkeys(DRAFT_SOURCES, 0))
+    source_accepted_tokens: dict[DraftSourceName, int] = field(
+        default_factory=lambda: dict.fromkeys(DRAFT_SOURCES, 0))
+
+
+class DraftSession:
+    """SAM drafts for the rows of successive engine steps (see the module docstring)."""
+
+    def __init__(self, config: SpeculationConfig, vocab_size: int, settings: SessionSettings) -> None:
+        self.config = config
+        self.settings = settings
+        self.k = settings.largest_draft
+        self.confident_k = min(settings.confident_k, settings.largest_draft)
+        self.policy = config.policy.for_hardware(on_cpu=settings.on_cpu)
+        self.drafter = SamDrafter(vocab_size, self.policy)
+        self.schedule = list(settings.schedule) if settings.schedule is not None else None
+        self.gate: Gate = make_gate(config, self.schedule)
+        # Cross-epoch history (SpeculationConfig.history_tokens): earlier responses per prompt join a
+        # group's automaton at the group's first step that may draft (in the tail, so few groups ever pay).
+        self.history = (ResponseHistory(config.history_tokens, config.history_responses)
+                        if config.history_tokens > 0 and config.group_drafting else None)
+        self._indexed: dict[Hashable, int] = {}      # tokens each request's automaton holds
+        self._greedy: dict[Hashable, bool] = {}      # each request's sampling, as its rows said
+        self._group: dict[Hashable, str] = {}        # each request's group (requests in none are absent)
+        self._prompt_key: dict[Hashable, bytes] = {}  # each request's history key (history on)
+        self._unjoined: dict[str, bytes] = {}        # live groups whose history has not joined yet
+        self._last_draft: dict[Hashable, int] = {}   # length of each request's previous draft
+        self._last_source: dict[Hashable, DraftSourceName] = {}  # and where it came from
+        self._last_call: float | None = None
+        self.counters = _Counters()
+        self.last_step_drafted = False
+        self.last_step_allowed = False
+
+    # -- the step -----------------------------------------------------------------------
+    def step(self, rows: Sequence[StepRow], present: Collection[Hashable], now: float | None = None,
+             k: int | None = None) -> list[list[int]]:
+        """Index every row's new tokens and draft for the rows the gate allows; one draft per row.
+
+        ``present``: every request id still in the batch (others are freed first); ``now``: the
+        clock in seconds (default: `time.perf_counter`); ``k``: the largest draft this step (default
+        the session's, vLLM's num_speculative_tokens).
+        """
+        started = time.perf_counter()
+        now = started if now is None else now
+        largest = self.k if k is None else k
+        counters = self.counters
+        running = sum(1 for row in rows if row.sampled)
+        self._forget_departed(present)
+        prefilled = running < len(rows)  # the step just finished also prefilled (partial, new or resumed)
+
+        ids: list[Hashable] = []
+        new_tokens: list[list[int]] = []
+        drafted_rows: list[int] = []
+        for index, row in enumerate(rows):
+            if not row.sampled:
+                continue  # partial prefill: nothing sampled, nothing to draft
+            self._account(row.request_id, row.sampled)
+            seen = self._indexed.get(row.request_id)
+            if seen is not None and seen > row.length:  # the sequence shrank: rebuild it
+                self.finish(row.request_id)
+                seen = None
+            if seen is None:
+                prefilled = True
+                self._add(row)
+                seen = row.prompt_length
+            self._greedy[row.request_id] = row.greedy
+            ids.append(row.request_id)
+            new_tokens.append(np.asarray(row.tokens[seen:row.length]).tolist())
+            drafted_rows.append(index)
+            self._indexed[row.request_id] = row.length
+
+        if self._last_call is not None and not prefilled:
+            produced = sum(row.sampled for row in rows)
+            self.gate.observe_step(running, self.last_step_drafted, now - self._last_call, produced)
+
+        drafts: list[list[int]] = [[] for _ in rows]
+        step_allowed = bool(ids) and self.gate.allow_step(running)
+        # Earlier responses join a group before its first step that may draft: past the threshold
+        # too when long matches draft there (they are most of what confident drafts match).
+        if (step_allowed or self.config.confident_match) and self._unjoined:
+            self._join_history(ids)
+        if ids:
+            proposed = self.drafter.step(ids, new_tokens, largest)
+            if step_allowed:
+                self._keep(drafts, ids, drafted_rows, proposed, self.gate.draft_limit(running, largest), rows)
+            elif self.config.confident_match and any(proposed):
+                # Past the threshold only drafts with long evidence: a long match is accepted
+                # nearly in full, so it pays even where a step is compute-bound.
+                evidence = self.drafter.last_match_lengths(ids)
+                confident = [draft if match >= self.config.confident_match else []
+                             for draft, match in zip(proposed, evidence, strict=True)]
+                counters.confident_drafts += self._keep(drafts, ids, drafted_rows, confident,
+                                                        min(self.confident_k, largest), rows)
+                counters.longest_confident_draft = max([counters.longest_confident_draft, *map(len, drafts)])
+        with_draft = [(request_id, i) for request_id, i in zip(ids, drafted_rows, strict=True) if drafts[i]]
+        sources = self.drafter.last_sources([request_id for request_id, _ in with_draft]) if with_draft else []
+        for request_id, i in zip(ids, drafted_rows, strict=True):
+            self._last_draft[request_id] = len(drafts[i])
+            counters.draft_tokens += len(drafts[i])
+        for (request_id, i), source in zip(with_draft, sources, strict=True):
+            if source is not None:
+                self._last_source[request_id] = source
+                counters.source_draft_tokens[source] += len(drafts[i])
+        counters.steps += 1
+        self.last_step_allowed = step_allowed
+        self.last_step_drafted = any(drafts)
+        counters.steps_by_batch_size[running] += 1
+        if self.last_step_drafted:
+            counters.drafting_steps_by_batch_size[running] += 1
+        self._last_call = now
+        elapsed = time.perf_counter() - started
+        counters.propose_seconds += elapsed
+        counters.step_seconds_counts[bisect.bisect_left(STEP_SECONDS_BUCKETS, elapsed)] += 1
+        return drafts
+
+    def _keep(self, drafts: list[list[int]], ids: list[Hashable], drafted_rows: list[int],
+              proposed: list[list[int]], limit: int, rows: Sequence[StepRow]) -> int:
+        """Put the rows' drafts the rules allow into ``drafts`` (cut to ``limit`` and the context); how many."""
+        kept = 0
+        for request_id, i, draft in zip(ids, drafted_rows, proposed, strict=True):
+            room = min(limit, rows[i].room)
+            if not draft or room <= 0 or not self.gate.allow_request(request_id):
+                continue
+            if not self.settings.draft_sampled and not rows[i].greedy:
+                self.counters.sampled_rows_skipped += 1
+                continue
+            drafts[i] = draft[:room]
+            kept += 1
+        return kept
+
+    def _account(self, request_id: Hashable, sampled: int) -> None:
+        """The previous draft's outcome: sampled = accepted + 1 bonus token."""
+        drafted = self._last_draft.get(request_id, 0)
+        if drafted:
+            accepted = min(sampled - 1, drafted)
+            self.counters.accepted_tokens += accepted
+            source = self._last_source.get(request_id)
+            if source is not None:
+                self.counters.source_accepted_tokens[source] += accepted
+            self.gate.observe_request(request_id, drafted, accepted)
+
+    # -- requests, groups and history -----------------------------------------------------
+    def _add(self, row: StepRow) -> None:
+        group = row.group if self.config.group_drafting else None
+        prompt = np.asarray(row.tokens[:row.prompt_length])
+        if self.history is not None:
+            key = self._prompt_key[row.request_id] = prompt_key(prompt)
+            group = group if group is not None else f"prompt:{key.hex()}"
+            if not self.drafter.has_group(group) and self.history.responses(key):
+                self._unjoined[group] = key
+        # A request with another group's id but not its prompt drafts alone (SamDrafter.add_request).
+        if self.drafter.add_request(row.request_id, prompt, group=group) and group is not None:
+            self._group[row.request_id] = group
+
+    def _join_history(self, request_ids: list[Hashable]) -> None:
+        """Earlier responses join the groups of these rows that have not had theirs yet."""
+        for request_id in request_ids:
+            group = self._group.get(request_id)
+            key = self._unjoined.pop(group, None) if group is not None else None
+            if key is None or self.history is None:
+                continue
+            for response in self.history.responses(key, exclude=request_id):  # oldest first: the newest is "recent"
+                if self.drafter.add_to_group(group, response):  # False past the group's token bound: left out
+                    self.counters.history_joined_responses += 1
+
+    def remember(self, prompt: TokenRow, responses: Sequence[TokenRow], ids: Sequence[Hashable]) -> None:
+        """Responses an earlier rollout gave to ``prompt`` (ids of their own): into the history, and into
+        the global index where it is on, as if this session had served them."""
+        if self.history is not None:
+            key = prompt_key(prompt)
+            for response_id, response in zip(ids, responses, strict=True):
+                self.history.record(key, response_id, response)
+        if self.policy.max_global_tokens:
+            for response in responses:
+                self.drafter.add_to_global(response)
+
+    def finish(self, request_id: Hashable) -> None:
+        """Free a request (finished, aborted, preempted); its response joins the history."""
+        if self.history is not None and request_id in self._prompt_key:
+            self.history.record(self._prompt_key.pop(request_id), request_id, self.drafter.response(request_id))
+        if request_id in self.drafter:
+            self.drafter.remove_request(request_id)
+        group = self._group.pop(request_id, None)
+        if group is not None and not self.drafter.has_group(group):
+            self._unjoined.pop(group, None)
+        for table in (self._indexed, self._greedy, self._last_draft, self._last_source):
+            table.pop(request_id, None)
+
+    def _forget_departed(self, present: Collection[Hashable]) -> None:
+        """Free requests that left the batch."""
+        departed = [r for r in self._indexed if r not in present]
+        for request_id in departed:
+            self.finish(request_id)
+        self.gate.forget(departed)
+
+    def reset(self) -> None:
+        """Drop every request's automaton and what the gate learned (the policy's weights changed); the
+        history of earlier responses and the global index stay (they are only drafts), and take the live
+        requests' text so far."""
+        for request_id in list(self._indexed):
+            self.finish(request_id)
+        self.gate = make_gate(self.config, self.schedule)
+        self._last_call = None
+
+    # -- reporting ------------------------------------------------------------------------
+    @property
+    def active_requests(self) -> int:
+        """Requests whose automata are held now."""
+        return len(self._indexed)
+
+    def stats(self) -> dict[str, Any]:
+        """Counters since start (steps, draft tokens proposed and accepted, sampled rows skipped, time),
+        the step-time histogram's counts per `STEP_SECONDS_BUCKETS` bound, and the current settings."""
+        c = self.counters
+        return {"steps": c.steps, "draft_tokens": c.draft_tokens, "accepted_tokens": c.accepted_tokens,
+                "sampled_rows_skipped": c.sampled_rows_skipped, "active_requests": self.active_requests,
+                "confident_match": self.config.confident_match, "confident_drafts": c.confident_drafts,
+                "confident_k": self.confident_k, "longest_confident_draft": c.longest_confident_draft,
+                "propose_seconds": c.propose_seconds, "step_seconds_counts": list(c.step_seconds_counts),
+                "last_step_drafted": self.last_step_drafted, "k": self.k, "threshold": self.config.threshold,
+                "draft_range": [list(pair) for pair in self.config.effective_range()],
+                "threshold_mode": self.config.threshold_mode, "policy": self.policy.as_dict(),
+                "threshold_from_vllm_schedule": self.schedule is not None,
+                "steps_by_batch_size": _by_batch_size(c.steps_by_batch_size),
+                "drafting_steps_by_batch_size": _by_batch_size(c.drafting_steps_by_batch_size),
+                "gate": self.gate.summary(),
+                "sources": {source: {"draft_tokens": c.source_draft_tokens[source],
+                                     "accepted_tokens": c.source_accepted_tokens[source]}
+                            for source in DRAFT_SOURCES},
+                "global_tokens": self.drafter.global_tokens,
+                "history": None if self.history is None else {
+                    "tokens": self.history.tokens, "prompts": self.history.prompts,
+                    "max_tokens": self.history.max_tokens, "responses_per_prompt": self.history.responses_per_prompt,
+                    "joined_responses": c.history_joined_responses}}

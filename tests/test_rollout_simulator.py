@@ -1,0 +1,131 @@
+"""The rollout simulator: step times from a cost table, drafts from the engine's own session, slots, KV, scheduling."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from samrollout.config import SpeculationConfig
+from samrollout.drafter import DraftPolicy
+from samrollout.replay.drafters import SamReplayDrafter
+from samrollout.replay.simulate import replay
+from samrollout.replay.traces import TraceGroup
+from samrollout.sim.cost import CostTable
+from samrollout.sim.rollout import SimSettings, simulate
+
+STEP_MS = 10.0
+VOCAB = 64
+
+
+def flat_table(step_ms: float = STEP_MS) -> CostTable:
+    """Every step takes ``step_ms`` whatever its rows, tokens per row and context (and prefill adds nothing)."""
+    points = [{"L": length, "B": batch, "status": "ok", "t_ms": {str(q): step_ms for q in (1, 2, 4, 9)}}
+              for length in (128, 1024) for batch in (1, 8, 64)]
+    return CostTable.from_json({"environment": {"device": "cpu", "device_name": "test"}, "points": points},
+                               model="test")
+
+
+def _tokens(n: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, VOCAB, n).astype(np.int32)
+
+
+def _group(key: str, lengths: list[int], seed: int) -> TraceGroup:
+    return TraceGroup(key, _tokens(8, seed), [_tokens(n, seed * 100 + i) for i, n in enumerate(lengths)])
+
+
+def _ours(threshold_mode: str = "off", k: int = 3) -> Any:
+    config = SpeculationConfig(k=k, threshold_mode=threshold_mode, history_tokens=0,
+                               policy=DraftPolicy(min_match_length=1))
+    return lambda: SamReplayDrafter.as_engine("sam", VOCAB, config)
+
+
+def test_without_speculation_the_makespan_is_the_longest_response_times_the_step_time() -> None:
+    groups = [_group("a", [30, 50], 1), _group("b", [20], 2)]
+    result = simulate(groups, None, 1, flat_table(), SimSettings(slots=8, charge_drafter=False), "off")
+    assert result.steps == 50  # the first token comes from the prefill step
+    assert result.makespan_s == pytest.approx(50 * STEP_MS / 1e3)
+    assert result.tokens == 100 and result.mean_acceptance_length == 1.0
+
+
+def test_with_one_slot_responses_run_one_after_another() -> None:
+    groups = [_group("a", [30, 50], 1), _group("b", [20], 2)]
+    result = simulate(groups, None, 1, flat_table(), SimSettings(slots=1, charge_drafter=False), "off")
+    assert result.steps == 100
+    assert result.makespan_s == pytest.approx(100 * STEP_MS / 1e3)
+
+
+def test_a_looping_response_finishes_in_fewer_steps_with_sam_drafts() -> None:
+    loop = np.tile(_tokens(12, 3), 20)
+    groups = [TraceGroup("loop", _tokens(8, 4), [loop])]
+    off = simulate(groups, None, 1, flat_table(), SimSettings(charge_drafter=False), "off")
+    ours = simulate(groups, _ours(), 3, flat_table(), SimSettings(charge_drafter=False), "sam")
+    assert ours.tokens == off.tokens == len(loop)
+    assert ours.steps < off.steps / 2 and ours.mean_acceptance_length > 2.5
+    assert ours.makespan_s < off.makespan_s / 2
+
+
+def test_the_simulators_acceptance_equals_the_replays_when_every_response_runs_at_once() -> None:
+    groups = [TraceGroup(f"g{g}", _tokens(8, g), [np.tile(_tokens(7, 10 * g + i), 9 + i) for i in range(3)])
+              for g in range(3)]
+    simulated = simulate(groups, _ours(), 3, flat_table(), SimSettings(slots=64, charge_drafter=False), "sam")
+    replayed = replay(_ours()(), groups, k=3, threshold=None)
+    assert simulated.accepted == replayed.accepted > 0
+    assert simulated.drafted == replayed.drafted
+
+
+def test_a_kv_budget_too_small_preempts_and_every_response_still_finishes_whole() -> None:
+    groups = [_group("a", [60, 60, 60, 60], 5)]
+    result = simulate(groups, None, 1, flat_table(), SimSettings(slots=4, kv_tokens=150, charge_drafter=False), "off")
+    assert result.preemptions > 0
+    assert result.tokens == 240
+    assert result.steps > 60  # they could not all run together
+
+
+def test_length_aware_admission_starts_the_long_group_before_the_short_ones() -> None:
+    # Trace order puts three short groups first; length-aware probes each group, then runs the long one.
+    groups = [_group(f"s{i}", [10] * 6, i) for i in range(3)] + [_group("long", [200, 200, 200], 9)]
+    fcfs = simulate(groups, None, 1, flat_table(), SimSettings(slots=4, charge_drafter=False), "off")
+    aware = simulate(groups, None, 1, flat_table(), SimSettings(slots=4, scheduling="length-aware",
+                                                                charge_drafter=False), "off")
+    assert aware.tokens == fcfs.tokens
+    assert fcfs.steps == 250  # 18 short responses on 4 slots (50 steps), then the long ones (200)
+    assert aware.steps == 230  # the long group's probe runs from step 10 and its siblings follow it
+
+
+def test_the_static_threshold_drafts_only_once_few_responses_run() -> None:
+    loops = [np.tile(_tokens(10, 20 + i), 6 + 4 * i) for i in range(12)]
+    groups = [TraceGroup("g", _tokens(8, 7), loops)]
+    always = simulate(groups, _ours("off"), 3, flat_table(), SimSettings(charge_drafter=False), "always")
+    static = simulate(groups, _ours("static"), 3, flat_table(), SimSettings(charge_drafter=False), "static")
+    assert 0 < static.drafted < always.drafted
+
+
+def test_simulate_command_writes_a_projection_per_setting(tmp_path: Path) -> None:
+    out = tmp_path / "projection.json"
+    plot = tmp_path / "projection.png"
+    cmd = [sys.executable, "-m", "samrollout.cli", "simulate", "--traces", "bench/data/smollm2-math-groups.jsonl.gz",
+           "--cost", "bench/results/verify-cost-h100.json", "--modes", "off,ngram,samrollout,samrollout+length-aware",
+           "--slots", "8,16", "--max-groups", "3", "--responses", "all", "--json", str(out), "--plot", str(plot)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=Path(__file__).parent.parent)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert [p["slots"] for p in report["projections"]] == [8, 16]
+    for projection in report["projections"]:
+        assert set(projection["modes"]) == {"off", "ngram", "samrollout", "samrollout+length-aware"}
+        assert all(mode["makespan_s"] > 0 for mode in projection["modes"].values())
+        assert projection["modes"]["samrollout"]["config"]["threshold_mode"] == "static"
+    assert report["device_kind"] == "cuda" and plot.stat().st_size > 0
+    assert "makespan s" in proc.stdout
+
+
+def test_simulate_command_refuses_an_unknown_mode() -> None:
+    cmd = [sys.executable, "-m", "samrollout.cli", "simulate", "--traces", "bench/data/smollm2-math-groups.jsonl.gz",
+           "--cost", "bench/results/verify-cost-h100.json", "--modes", "off,warp-drive"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=Path(__file__).parent.parent)
+    assert proc.returncode == 2 and "unknown mode 'warp-drive'" in proc.stderr
