@@ -30,7 +30,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from statistics import median
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
@@ -129,8 +128,9 @@ def main() -> None:
     parser.add_argument("--threshold", type=int, default=8)
     parser.add_argument("--tail", type=int, default=8)
     parser.add_argument("--cost", help="use this cost table instead of measuring one (not a calibration)")
-    parser.add_argument("--cost-args", default="--lengths 64,256,768 --batches 1,2,4,8,16,32 --qs 1,2,3,4",
-                        help="bench/engine_cost.py grid")
+    parser.add_argument("--cost-args",
+                        default="--engine plain --lengths 64,256,768 --batches 1,2,4,8,16,32 --qs 1,2,3,4",
+                        help="bench/engine_cost.py grid (plain: vLLM's defaults, as bench/spec_engine.py's engines)")
     parser.add_argument("--measured", help="use this spec_engine JSON instead of running the modes")
     parser.add_argument("--json")
     parser.add_argument("--plot")

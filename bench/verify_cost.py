@@ -4,6 +4,13 @@
         --json bench/results/verify-cost-cpu.json --plot bench/results/verify-cost-cpu.png
     python bench/verify_cost.py --model qwen3-8b --budget-s 330 --mal 2.1,2.2 \\
         --json bench/results/verify-cost-h100.json --plot bench/results/verify-cost-h100.png
+    python bench/verify_cost.py --model qwen3-8b --batches 1,2,4,8,16,32,64,128,256 \\
+        --lengths 1024,4096,8192,16384,32768 --ks 1,2,3,4,8,16,24 --warmup 4 --repeats 15 --budget-s 330 \\
+        --json bench/results/verify-cost-h100-k24.json --plot bench/results/verify-cost-h100-k24.png
+    python bench/verify_cost.py --device npu ...   # Ascend, through torch_npu: written for it, untested here
+
+The JSON it writes is also a cost table for the rollout simulator (`samrollout simulate --cost`,
+`samrollout.sim.cost`: the format and the interpolation rule are documented there).
 
 A decode step that verifies k drafts runs the target model over k+1 positions per request instead of
 one.  If that step costs r = t(q=k+1) / t(q=1) plain steps, speculation pays exactly when a
@@ -45,6 +52,7 @@ vLLM's, so absolute times differ from a vLLM server, the ratios less so.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import platform
@@ -55,6 +63,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+with contextlib.suppress(ImportError):  # Ascend NPUs: torch_npu registers the "npu" device (--device npu)
+    import torch_npu  # type: ignore[import-not-found]  # noqa: F401
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import (
@@ -224,8 +235,10 @@ def time_rounds(calls: dict[int, tuple[Step, Step]], warmup: int, repeats: int, 
                 end.record()
                 marks[q].append((start, end))
             else:
+                synchronize()
                 begin = time.perf_counter()
                 step()
+                synchronize()
                 marks[q].append((time.perf_counter() - begin) * 1e3)
             reset()
     if not cuda:
@@ -260,14 +273,23 @@ def ratios(point: dict[str, Any], ks: list[int]) -> dict[str, float]:
 
 def free_bytes(device: torch.device) -> int | None:
     """Free accelerator memory, or None on CPU."""
-    return torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else None
+    if device.type in ("cuda", "npu"):
+        return int(getattr(torch, device.type).mem_get_info(device)[0])
+    return None
 
 
 def release(device: torch.device) -> None:
     """Drop cached allocator blocks after a point."""
     gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
+    if device.type in ("cuda", "npu"):
+        getattr(torch, device.type).empty_cache()
+
+
+def synchronize() -> None:
+    """Wait for an Ascend NPU's queued work (torch_npu), so host timers time it; nothing elsewhere."""
+    npu = getattr(torch, "npu", None)
+    if npu is not None and npu.is_available():
+        npu.synchronize()
 
 
 def run_model(preset: str, args: argparse.Namespace, result: dict[str, Any], deadline: float) -> None:
@@ -421,7 +443,12 @@ def environment(args: argparse.Namespace) -> dict[str, Any]:
     """Versions, device and the measurement settings, for the JSON."""
     device = torch.device(args.device)
     cuda = device.type == "cuda"
-    name = torch.cuda.get_device_name(device) if cuda else (platform.processor() or platform.machine())
+    if cuda:
+        name = torch.cuda.get_device_name(device)
+    elif device.type == "npu":
+        name = torch.npu.get_device_name(device)  # type: ignore[attr-defined]
+    else:
+        name = platform.processor() or platform.machine()
     return {"torch": torch.__version__, "transformers": transformers_version, "python": platform.python_version(),
             "device": str(device), "device_name": name, "cpu_threads": torch.get_num_threads(),
             "dtype": str(args.dtype).removeprefix("torch."), "cache": args.cache, "attn": args.attn,

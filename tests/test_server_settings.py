@@ -42,7 +42,7 @@ def test_draft_range_flag_reaches_the_engine_and_auto_drafts_long_only_on_cuda(
     assert explicit.draft_range == ((2, 16), (8, 8))
     auto = ServerSettings()
     assert _speculation_in_argv(auto.vllm_argv("m", on_cpu=True)).draft_range is None  # CPU: --k up to --threshold
-    assert _speculation_in_argv(auto.vllm_argv("m", on_cpu=False, on_cuda=True)).draft_range == ((8, 8),)
+    assert _speculation_in_argv(auto.vllm_argv("m", on_cpu=False, on_cuda=True)).draft_range == ((32, 8), (256, 3))
     monkeypatch.setenv("SAMROLLOUT_DRAFT_RANGE", "none")
     assert _speculation_in_argv(ServerSettings().vllm_argv("m", on_cpu=False, on_cuda=True)).draft_range is None
 

@@ -200,8 +200,8 @@ def test_a_bad_draft_range_is_refused_with_how_to_write_it(text):
 
 
 def test_auto_draft_range_drafts_long_in_the_tail_on_cuda_only():
-    assert default_draft_range("auto", 3, 8, on_cuda=True) == ((8, 8),)
-    assert default_draft_range("auto", 12, 8, on_cuda=True) == ((8, 12),)
+    assert default_draft_range("auto", 3, 8, on_cuda=True) == ((32, 8), (256, 3))
+    assert default_draft_range("auto", 12, 8, on_cuda=True) == ((32, 12), (256, 12))
     assert default_draft_range("auto", 3, 8, on_cuda=False) is None
     assert default_draft_range("none", 3, 8, on_cuda=True) is None
     assert default_draft_range("1:16,4:8", 3, 8, on_cuda=False) == ((1, 16), (4, 8))

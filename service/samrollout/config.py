@@ -159,20 +159,25 @@ def parse_draft_range(text: str) -> tuple[tuple[int, int], ...]:
     return checked_draft_range(pairs)
 
 
-LONG_TAIL_DRAFTS = 8  # drafts per step in the tail on CUDA GPUs (largest k measured there; see SpeculationConfig)
+LONG_TAIL_DRAFTS = 8  # drafts per step while at most CUDA_LONG_DRAFT_RUNNING requests run, on CUDA GPUs
+CUDA_LONG_DRAFT_RUNNING = 32  # CUDA: LONG_TAIL_DRAFTS drafts up to this many running requests
+CUDA_DRAFT_RUNNING = 256  # CUDA: k drafts up to this many running requests; none above
 
 
 def default_draft_range(setting: str, k: int, threshold: int, on_cuda: bool) -> tuple[tuple[int, int], ...] | None:
-    """The draft range a server setting means: "auto" (the backend's measured default), "none", or pairs.
+    """The draft range a server setting means: "auto" (the backend's projected default), "none", or pairs.
 
-    auto: on CUDA GPUs, at least `LONG_TAIL_DRAFTS` drafts up to the threshold (the tail is
-    memory-bound there: verifying 8 costs 1.10-1.15 plain steps on an H100, 3 costs 1.04-1.09,
-    and real reasoning traces accept 3.0 tokens per step at k = 8 against 2.4 at k = 3 in the
-    tail: a projected 2.68x against 2.24x); elsewhere k up to the threshold (on the CPU 8
-    drafts cost 1.3x what 3 do; on Ascend NPUs the published setting is k = 3).
+    auto: on CUDA GPUs ``((32, max(k, 8)), (256, k))``: long drafts while at most 32 requests run
+    and k up to 256, chosen by the rollout simulator on an H100's cost table (docs/simulator.md:
+    a verification step stays near one plain step up to batch 32 there, so drafting pays far past
+    the published threshold of 8); elsewhere None: k up to the threshold (the CPU's table makes
+    drafts expensive past a few rows; Ascend NPUs keep the published k = 3 at 8 until a table is
+    measured on one).
     """
     if setting == "none":
         return None
     if setting == "auto":
-        return ((threshold, max(k, LONG_TAIL_DRAFTS)),) if on_cuda else None
+        if not on_cuda:
+            return None
+        return ((CUDA_LONG_DRAFT_RUNNING, max(k, LONG_TAIL_DRAFTS)), (CUDA_DRAFT_RUNNING, k))
     return parse_draft_range(setting)

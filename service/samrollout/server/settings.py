@@ -52,8 +52,9 @@ class ServerSettings(BaseSettings):
     threshold: int = Field(8, ge=1, description="running requests at or below which drafting runs")
     draft_range: str = Field(
         "auto", description='draft length by running requests, "R:K,..." (k drafts while at most R run, none '
-        'above the last R), e.g. "2:16,8:8"; "none": --k up to --threshold; "auto": the backend\'s measured '
-        "default (CUDA: 8 drafts up to --threshold, or --k if larger; CPU and NPU: none)")
+        'above the last R), e.g. "2:16,8:8"; "none": --k up to --threshold; "auto": the backend\'s projected '
+        "default (CUDA: 32:8,256:K with K = --k, 8 raised to --k if larger; CPU and NPU: none, --k up to "
+        "--threshold)")
     group_drafting: bool = Field(True, description="siblings of one group draft from a shared automaton")
     draft_history_tokens: int = Field(
         SpeculationConfig.history_tokens, ge=0, le=1 << 30,

@@ -12,6 +12,7 @@ Replays real responses (at their real lengths) as one synchronous rollout per se
   ``samrollout-kN``: ours drafting N tokens up to the threshold; ``samrollout-tN``: threshold N;
   ``samrollout-cN``: confident drafts from matches of N+ tokens (0: none past the threshold);
   ``samrollout-rB.K-rB.K...``: the draft range, K tokens while at most B run (threshold: the last B);
+  ``samrollout-sP``: match_scale P/100 (a match of L tokens drafts at most P/100 * L); ``-mN``: min_match_length N;
 - a ``+length-aware`` suffix on any mode: the server's length-aware admission instead of fcfs.
 """
 
@@ -42,7 +43,7 @@ from samrollout.sim.cost import CostTable
 from samrollout.sim.rollout import SimResult, SimSettings, simulate
 
 DEFAULT_MODES = "off,ngram,suffix,samrollout,samrollout+length-aware"
-_MODE = re.compile(r"^(off|ngram|suffix|suffix-nocache|samrollout)((?:-[ktc]\d+|-r\d+\.\d+)*)(\+length-aware)?$")
+_MODE = re.compile(r"^(off|ngram|suffix|suffix-nocache|samrollout)((?:-[ktcsm]\d+|-r\d+\.\d+)*)(\+length-aware)?$")
 
 
 def add_simulate_parser(commands: Any) -> None:
@@ -103,6 +104,10 @@ def mode_settings(name: str, device_kind: str) -> tuple[str, int, SpeculationCon
         config = replace(config, draft_range=((config.threshold, values["k"]),))
     if draft_range:
         config = replace(config, threshold=draft_range[-1][0], draft_range=checked_draft_range(draft_range))
+    if "s" in values or "m" in values:
+        config = replace(config, policy=replace(
+            config.policy, match_scale=values.get("s", round(config.policy.match_scale * 100)) / 100,
+            min_match_length=values.get("m", config.policy.min_match_length)))
     if "c" in values:
         config = replace(config, confident_match=values["c"])
     return base, config.largest_draft(), config, scheduling
@@ -153,14 +158,20 @@ def run(args: argparse.Namespace) -> int:
                                            charge_drafter=not args.no_drafter_time)
                     projections.append(project(path, which, groups, earlier, settings, plans, vocab, cost,
                                                device_kind))
-    report = {"cost_table": cost.describe(), "device_kind": device_kind, "projections": projections,
-              "options": {key: value for key, value in vars(args).items() if key != "run"}}
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
+                    _write(args, cost, device_kind, projections)  # after each projection: a long run keeps them
     if args.plot:
         write_plot(args.plot, projections)
     return 0
+
+
+def _write(args: argparse.Namespace, cost: CostTable, device_kind: str, projections: list[dict[str, Any]]) -> None:
+    """The JSON report of the projections so far (when --json is given)."""
+    if not args.json:
+        return
+    report = {"cost_table": cost.describe(), "device_kind": device_kind, "projections": projections,
+              "options": {key: value for key, value in vars(args).items() if key != "run"}}
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
 
 
 def project(path: str, which: str, groups: list[TraceGroup], earlier: list[Any], settings: SimSettings,

@@ -11,7 +11,8 @@ Every response of a trace runs at its real length (its recorded tokens).  An ins
    p(x)); each row advances by the accepted tokens plus one; a newly admitted row yields its first token;
 3. takes ``CostTable.step_seconds(decoding rows, mean tokens per row, mean context)`` plus
    ``prefill_seconds`` for the prompt tokens admitted, plus (``charge_drafter``) the drafter's own
-   wall time for the step, measured here, as vLLM runs its proposer between steps;
+   time for the step, measured here as this thread's CPU time (so other load on the machine does
+   not inflate it), as vLLM runs its proposer between steps;
 4. hands every row's new tokens to the drafter, whose drafts are verified in the next step (vLLM's
    order: the proposer sees the step's sampled tokens, the next step verifies);
 5. finishes rows that reached their length, and preempts the newest running sequence while the KV
@@ -237,9 +238,9 @@ def _draft(instance: _Instance) -> float:
             instance.drafter.add(seq.index, seq.group, seq.prompt)
             seq.in_drafter = True
     contexts = [seq.full[:seq.context] for seq in rows]  # views: no copy per step
-    start = time.perf_counter()
+    start = time.thread_time()  # CPU time: another process on the machine does not inflate the charge
     drafts = instance.drafter.step(ids, [seq.new_tokens for seq in rows], contexts, instance.k)
-    elapsed = time.perf_counter() - start
+    elapsed = time.thread_time() - start
     for seq, draft in zip(rows, drafts, strict=True):
         room = len(seq.truth) - seq.generated
         seq.draft = list(draft[:instance.k]) if room > 0 else []
