@@ -141,7 +141,7 @@ class ReplayResult:
         return out
 
 
-def _accepted_length(draft: Sequence[int], truth: list[int], pos: int, k: int) -> int:
+def accepted_length(draft: Sequence[int], truth: list[int], pos: int, k: int) -> int:
     """How many leading draft tokens (at most k) equal the recorded continuation at ``pos``."""
     n = 0
     for token in draft[:k]:
@@ -231,7 +231,7 @@ def replay(drafter: ReplayDrafter | SourceOracle, groups: list[TraceGroup], k: i
 def _best_candidate(result: ReplayResult, candidates: Sequence[Sequence[int]], truth: list[int], pos: int,
                     k: int) -> Sequence[int]:
     """The oracle's pick: the candidate with the longest accepted prefix (of those, the shortest draft)."""
-    lengths = [_accepted_length(c, truth, pos, k) for c in candidates]
+    lengths = [accepted_length(c, truth, pos, k) for c in candidates]
     best = max(lengths, default=0)
     winners = [i for i, n in enumerate(lengths) if n == best]
     for i, n in enumerate(lengths):
@@ -247,7 +247,7 @@ def _best_candidate(result: ReplayResult, candidates: Sequence[Sequence[int]], t
 def _verify(result: ReplayResult, proposed: Sequence[int], truth: list[int], pos: int, k: int) -> None:
     """Count one verification step of ``proposed`` (cut to k) at ``pos`` of the recorded response."""
     draft = proposed[:k]
-    accepted = _accepted_length(draft, truth, pos, k)
+    accepted = accepted_length(draft, truth, pos, k)
     result.steps += 1
     result.tokens += min(accepted + 1, len(truth) - pos)
     result.drafted += len(draft)

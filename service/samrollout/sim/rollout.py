@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from samrollout.replay.protocol import ReplayDrafter, remember
+from samrollout.replay.simulate import accepted_length
 from samrollout.replay.traces import TraceGroup
 from samrollout.sim.cost import CostTable
 
@@ -176,7 +177,7 @@ async def _simulate(groups: Sequence[TraceGroup], drafter_factory: Callable[[], 
         decoding = list(instance.running)
         step_tokens = 0
         for seq in decoding:
-            accepted = _accepted(seq.draft, seq.truth, seq.generated)
+            accepted = accepted_length(seq.draft, seq.truth, seq.generated, len(seq.draft))
             advance = min(accepted + 1, len(seq.truth) - seq.generated)
             result.drafted += len(seq.draft)
             result.accepted += min(accepted, advance)
@@ -246,12 +247,3 @@ def _draft(instance: _Instance) -> float:
         seq.draft = list(draft[:instance.k]) if room > 0 else []
     return elapsed
 
-
-def _accepted(draft: Sequence[int], truth: list[int], position: int) -> int:
-    """Leading draft tokens equal to the recorded continuation at ``position``."""
-    n = 0
-    for token in draft:
-        if position + n >= len(truth) or int(token) != truth[position + n]:
-            break
-        n += 1
-    return n

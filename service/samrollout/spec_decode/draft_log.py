@@ -54,7 +54,8 @@ class DraftLogWriter:
                         "room": row.room, "start": start,
                         "tokens": np.asarray(row.tokens[start:row.length]).tolist()})
             self._written[row.request_id] = row.length
-        for request_id in [r for r in self._written if r not in set(present)]:
+        live = set(present)
+        for request_id in [r for r in self._written if r not in live]:
             del self._written[request_id]
         self._line({"rows": out, "present": list(present), "now": now, "drafts": [list(d) for d in drafts]})
 
@@ -91,7 +92,8 @@ def read_draft_log(path: str | Path) -> tuple[DraftSession, Iterator[LoggedStep]
                 rows.append(StepRow(row["id"], row["sampled"], tokens, row["length"], row["prompt_length"],
                                     row["group"], row["greedy"], row["room"]))
             present = record["present"]
-            for request_id in [r for r in sequences if r not in set(present)]:
+            live = set(present)
+            for request_id in [r for r in sequences if r not in live]:
                 del sequences[request_id]
             yield LoggedStep(rows, present, float(record["now"]), record["drafts"])
 
