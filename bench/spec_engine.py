@@ -2,8 +2,9 @@
 
     python bench/spec_engine.py --repeats 3 --json out/spec_engine.json --plot out/spec_engine.png
 
-Every mode runs in its own process on the same prompts (greedy: on vLLM's CPU backend
-SAM drafts only for greedy requests, see README): decode throughput at several batch
+Every mode runs in its own process on the same prompts (greedy, or sampled at
+--temperature without seeds, as RL rollouts are: sampled requests draft on the CPU backend
+too since the cpu_sampled_verification plugin): decode throughput at several batch
 sizes, then a rollout-shaped workload whose max_tokens are heavy-tailed, reporting its
 makespan, the time and engine steps spent in the tail (at most --tail requests running), and
 its mean acceptance length.  Requests for
@@ -139,8 +140,8 @@ def run_mode(mode: str, args: argparse.Namespace) -> dict[str, Any]:
     for batch in args.batch_sizes:
         before = _spec_counts(llm)
         convs = [chats[i % len(chats)] for i in range(batch)]
-        params = [SamplingParams(temperature=0, max_tokens=args.max_tokens, extra_args=_group(i, len(chats), args))
-                  for i in range(batch)]
+        params = [SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens,
+                                 extra_args=_group(i, len(chats), args)) for i in range(batch)]
         start = time.perf_counter()
         results = llm.chat(convs, params, use_tqdm=False)
         seconds = time.perf_counter() - start
@@ -151,8 +152,8 @@ def run_mode(mode: str, args: argparse.Namespace) -> dict[str, Any]:
     rng = np.random.default_rng(0)
     lengths = np.minimum((rng.pareto(1.2, size=args.rollout) + 1) * 24, args.rollout_max).astype(int).tolist()
     convs = [chats[i % len(chats)] for i in range(args.rollout)]
-    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True, extra_args=_group(i, len(chats), args))
-              for i, n in enumerate(lengths)]
+    params = [SamplingParams(temperature=args.temperature, max_tokens=n, ignore_eos=True,
+                             extra_args=_group(i, len(chats), args)) for i, n in enumerate(lengths)]
     before = _spec_counts(llm)
     start = time.perf_counter()
     finished: list[float] = []
@@ -216,6 +217,8 @@ def main() -> None:
     parser.add_argument("--groups", action=argparse.BooleanOptionalAction, default=True,
                         help="requests for the same prompt carry one group id (SAM drafts across them)")
     parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--temperature", type=float, default=0.0,
+                        help="0: greedy; above: sampled, unseeded (every round draws anew)")
     parser.add_argument("--rollout", type=int, default=32, help="requests in the rollout workload")
     parser.add_argument("--rollout-max", type=int, default=768, help="cap of the heavy-tailed max_tokens")
     parser.add_argument("--tail", type=int, default=8)

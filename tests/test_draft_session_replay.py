@@ -27,7 +27,7 @@ JOBS: list[dict[str, Any]] = [
      "params": {"temperature": 0, "max_tokens": 96, "ignore_eos": True, "extra_args": {"samrollout_group": "g"}}},
     # The same prompts again: their earlier responses join the new groups (cross-epoch history).
     {"name": "again", "prompts": PROMPTS, "params": {"temperature": 0, "max_tokens": 64, "ignore_eos": True}},
-    # n > 1 children and a sampled request (not drafted on CPU: `sampled_requests="auto"`).
+    # n > 1 sampled children (drafted too: `sampled_requests="auto"`).
     {"name": "children", "prompts": PROMPTS[:2], "params": {"temperature": 1.0, "max_tokens": 24, "n": 3,
                                                           "seed": 1}},
 ]

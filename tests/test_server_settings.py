@@ -61,6 +61,15 @@ def test_draft_range_flag_reaches_the_engine_and_auto_drafts_long_only_on_cuda(
     (["--host", "0.0.0.0"], {}, "--api-key"),
     ([], {"SAMROLLOUT_HOST": "0.0.0.0"}, "--allow-unauthenticated-admin"),
     (["--host", "192.168.1.20", "--api-key", ""], {}, "api_key"),
+    (["--api-key", "   "], {}, "the API key is blank"),
+    ([], {"SAMROLLOUT_API_KEY": " \t "}, "the API key is blank"),
+    (["--api-key", " key-with-space-around "], {}, "whitespace"),
+    (["--api-key", "clé"], {}, "printable ASCII"),
+    (["--max-request-bytes", "10"], {}, "max_request_bytes"),
+    (["--max-connections", "0"], {}, "max_connections"),
+    (["--header-timeout", "0"], {}, "header_timeout"),
+    (["--max-queued-requests", "-1"], {}, "max_queued_requests"),
+    ([], {"SAMROLLOUT_WEIGHT_CHECK_TIMEOUT": "0"}, "weight_check_timeout"),
     (["--max-weight-upload-bytes", "0"], {}, "max_weight_upload_bytes"),
     (["--draft-range", "8:3,4:16"], {}, "draft_range"),
     ([], {"SAMROLLOUT_DRAFT_RANGE": "8"}, "draft_range"),
@@ -109,6 +118,26 @@ def test_request_limits_have_documented_defaults_and_flags(monkeypatch: pytest.M
     assert (limited.max_prompts, limited.max_prompt_tokens) == (8, 100)
     monkeypatch.setenv("SAMROLLOUT_MAX_PROMPT_TOKENS", "300")
     assert _settings().max_prompt_tokens == 300
+
+
+def test_safety_limits_have_documented_defaults_flags_and_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    names = ("MAX_REQUEST_BYTES", "MAX_CONNECTIONS", "HEADER_TIMEOUT", "KEEP_ALIVE_TIMEOUT", "MAX_QUEUED_REQUESTS",
+             "WEIGHT_VALUE_CHECK", "WEIGHT_CHECK_TIMEOUT")
+    for name in names:
+        monkeypatch.delenv(f"SAMROLLOUT_{name}", raising=False)
+    defaults = _settings()
+    assert (defaults.max_request_bytes, defaults.max_connections, defaults.header_timeout,
+            defaults.keep_alive_timeout, defaults.max_queued_requests) == (32 * 1024 * 1024, 1024, 15.0, 5, 16384)
+    assert (defaults.weight_value_check, defaults.weight_check_timeout) == (True, 600.0)
+    given = _settings("--max-request-bytes", "2048", "--max-connections", "10", "--header-timeout", "2.5",
+                      "--keep-alive-timeout", "9", "--max-queued-requests", "0", "--no-weight-value-check",
+                      "--weight-check-timeout", "30")
+    assert (given.max_request_bytes, given.max_connections, given.header_timeout, given.keep_alive_timeout,
+            given.max_queued_requests, given.weight_value_check, given.weight_check_timeout) == (
+        2048, 10, 2.5, 9, 0, False, 30.0)
+    monkeypatch.setenv("SAMROLLOUT_WEIGHT_VALUE_CHECK", "false")
+    monkeypatch.setenv("SAMROLLOUT_MAX_QUEUED_REQUESTS", "7")
+    assert (_settings().weight_value_check, _settings().max_queued_requests) == (False, 7)
 
 
 def test_weight_upload_settings_have_documented_defaults_flags_and_variables(monkeypatch: pytest.MonkeyPatch) -> None:

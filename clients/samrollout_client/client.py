@@ -8,9 +8,11 @@ and the ``rollout_id``, sent to one endpoint so the server drafts across the sib
 (which endpoint: ``placement``, see `samrollout_client.placement`);
 at most ``max_in_flight`` requests are outstanding.  A request that fails with a
 connection error, a timeout or a 5xx is retried on another endpoint with backoff; a 4xx
-is not retried.  Results come back in input order; if anything is still missing after the
-retries (or the overall timeout), `RolloutFailed` names each missing sample and carries
-the partial results.
+is not retried, except 429 (the server's queue is full): the request waits for the
+server's ``Retry-After`` (with backoff and jitter) and is sent again, up to
+``max_busy_retries`` times, without counting as a failed attempt.  Results come back in
+input order; if anything is still missing after the retries (or the overall timeout),
+`RolloutFailed` names each missing sample and carries the partial results.
 
 With ``divide_after_tokens`` (off by default) and several endpoints, samples are streamed
 and a long one can continue on a less loaded endpoint from what it has generated
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 import time
 import uuid
 from collections.abc import Sequence
@@ -65,6 +68,17 @@ class _Retryable(SamrolloutError):
     """A failure worth retrying on another endpoint (connection, timeout, 5xx)."""
 
 
+class _Busy(_Retryable):
+    """429: the server is up but its queue is full; retry after ``retry_after_s`` (not a failure of the endpoint)."""
+
+    def __init__(self, message: str, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+MAX_BUSY_WAIT_S = 60.0  # the longest one 429 makes a request wait, whatever Retry-After says
+
+
 class AsyncRolloutClient:
     """Rollouts against samrollout servers (use as ``async with``; see the module docstring).
 
@@ -78,7 +92,8 @@ class AsyncRolloutClient:
     def __init__(self, endpoints: str | Sequence[str], model: str, *, api_key: str | None = None,
                  max_in_flight: int = 64, max_attempts: int = 4, request_timeout_s: float = 600.0,
                  backoff_s: float = 0.5, progress: bool = False,
-                 placement: Placement = "least-outstanding", divide_after_tokens: int | None = None) -> None:
+                 placement: Placement = "least-outstanding", divide_after_tokens: int | None = None,
+                 max_busy_retries: int = 120) -> None:
         urls = [endpoints] if isinstance(endpoints, str) else list(endpoints)
         if max_in_flight < 1 or max_attempts < 1:
             raise ValueError("max_in_flight and max_attempts must be at least 1")
@@ -89,7 +104,7 @@ class AsyncRolloutClient:
         self.history = LengthHistory()  # response lengths per prompt, from this client's earlier rollouts
         self.pool = EndpointPool(urls, min_backoff_s=backoff_s)
         self.model, self.max_in_flight, self.max_attempts = model, max_in_flight, max_attempts
-        self.backoff_s, self.progress = backoff_s, progress
+        self.backoff_s, self.progress, self.max_busy_retries = backoff_s, progress, max_busy_retries
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         limits = httpx.Limits(max_connections=max_in_flight + 8, max_keepalive_connections=max_in_flight + 8)
         self._http = httpx.AsyncClient(headers=headers, timeout=request_timeout_s, limits=limits)
@@ -197,12 +212,12 @@ class AsyncRolloutClient:
         body = self._request_body(group, index, sampling, rollout_id)
         if self.divide_after_tokens is not None and len(self.pool.endpoints) > 1:
             return await self._divided_sample(body, home)
-        endpoint, tried, last_error = home, set[str](), ""
+        endpoint, tried, last_error, busy = home, set[str](), "", 0
         for attempt in range(1, self.max_attempts + 1):
             if attempt > 1:  # the first attempt's slot was reserved by its group
                 endpoint.outstanding += 1
             try:
-                reply = await self._post(endpoint, "/v1/completions", body)
+                reply = await self._post_when_admitted(endpoint, "/v1/completions", body, busy)
                 self.pool.mark_ok(endpoint)
                 endpoint.weight_version = reply.get("weight_version") or endpoint.weight_version
                 return _to_sample(reply, endpoint.url, attempt)
@@ -232,12 +247,20 @@ class AsyncRolloutClient:
         seed = body.get("seed")
         base = {**body, "stream": True, "stream_options": {"include_usage": True},
                 "logprobs": body.get("logprobs", 0)}  # each token's text tells whether a cut after it is clean
-        endpoint, failures, tried = home, 0, set[str]()
+        endpoint, failures, tried, busy = home, 0, set[str](), 0
         while True:
             sample.start_piece(endpoint.url)
             continuing = bool(sample.token_ids)
             try:
                 target = await self._stream_piece(endpoint, sample.body(base, seed), sample)
+            except _Busy as error:  # refused before it started: wait, then ask the same endpoint again
+                busy += 1
+                if busy > self.max_busy_retries:
+                    raise SamrolloutError(f"{error} ({self.max_busy_retries} times; max_busy_retries)") from None
+                sample.retract_piece()
+                await asyncio.sleep(self._busy_wait_s(error, busy))
+                endpoint.outstanding += 1
+                continue
             except _Retryable as error:
                 failures += 1
                 self.pool.mark_down(endpoint)
@@ -286,6 +309,24 @@ class AsyncRolloutClient:
         if target is None and sample.finish_reason is None:
             raise _Retryable(f"{endpoint.url}: the stream ended before the sample finished")
         return target
+
+    async def _post_when_admitted(self, endpoint: Endpoint, path: str, body: dict[str, Any],
+                                  busy: int) -> dict[str, Any]:
+        """`_post`, waiting out 429s (the server's Retry-After, with backoff) up to ``max_busy_retries`` in all."""
+        while True:
+            try:
+                return await self._post(endpoint, path, body)
+            except _Busy as error:
+                busy += 1
+                if busy > self.max_busy_retries:
+                    raise SamrolloutError(f"{error} ({self.max_busy_retries} times; max_busy_retries)") from None
+                await asyncio.sleep(self._busy_wait_s(error, busy))
+
+    def _busy_wait_s(self, error: _Busy, busy: int) -> float:
+        """How long to wait after the ``busy``-th 429: Retry-After, at least the backoff, capped, with jitter."""
+        wait = max(error.retry_after_s, min(MAX_BUSY_WAIT_S, self.backoff_s * 2.0 ** min(busy - 1, 8)))
+        jitter: float = random.uniform(1.0, 1.1)
+        return min(MAX_BUSY_WAIT_S, wait) * jitter
 
     async def _post(self, endpoint: Endpoint, path: str, body: dict[str, Any] | None) -> dict[str, Any]:
         """POST and decode; 4xx -> `RequestRejected`, connection problems and 5xx -> `_Retryable`."""
@@ -442,8 +483,18 @@ class AsyncRolloutClient:
         return version
 
 
+def _retry_after_s(reply: httpx.Response) -> float:
+    """The reply's ``Retry-After`` in seconds (a number; a date or nothing: 1 s)."""
+    try:
+        return max(0.0, float(reply.headers.get("retry-after", "1")))
+    except ValueError:
+        return 1.0
+
+
 def _check_status(endpoint: Endpoint, reply: httpx.Response) -> None:
-    """5xx -> `_Retryable`, 4xx -> `RequestRejected` (the body must have been read)."""
+    """5xx -> `_Retryable`, 429 -> `_Busy`, other 4xx -> `RequestRejected` (the body must have been read)."""
+    if reply.status_code == 429:
+        raise _Busy(f"{endpoint.url} is busy (429): {error_message(reply)}", _retry_after_s(reply))
     if reply.status_code >= 500:
         raise _Retryable(f"{endpoint.url} answered {reply.status_code}: {reply.text[:200]}")
     if reply.status_code >= 400:

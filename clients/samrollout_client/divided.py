@@ -156,6 +156,10 @@ class DividedSample:
         """A request for the next piece goes to ``endpoint``."""
         self.pieces.append(_Piece(endpoint))
 
+    def retract_piece(self) -> None:
+        """The last piece's request was refused before any token came (a 429): it never was a piece."""
+        self.pieces.pop()
+
     @property
     def piece(self) -> _Piece:
         """The piece being streamed."""

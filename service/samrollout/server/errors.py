@@ -27,9 +27,11 @@ _TYPES = {400: "BadRequestError", 401: "AuthenticationError", 403: "PermissionDe
 class ApiError(Exception):
     """An error to return to the client as it is (status, message, offending parameter)."""
 
-    def __init__(self, status: int, message: str, param: str | None = None) -> None:
+    def __init__(self, status: int, message: str, param: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status, self.message, self.param = status, message, param
+        self.headers = headers or {}  # e.g. Retry-After on a 429
 
 
 def error_body(status: int, message: str, param: str | None = None) -> dict[str, Any]:
@@ -76,7 +78,9 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(ApiError)
     async def _api(_: Request, exc: ApiError) -> JSONResponse:
-        return error_response(exc.status, exc.message, exc.param)
+        response = error_response(exc.status, exc.message, exc.param)
+        response.headers.update(exc.headers)
+        return response
 
     from samrollout.server.vllm_serving import ERROR_TYPES, create_error_response
 

@@ -5,7 +5,9 @@ templates, sampling-parameter checks, generation, logprobs, streaming (its
 `OpenAIServingCompletion` / `OpenAIServingChat`), and disconnect handling
 (`with_cancellation`).  Written here: the RL fields (`rl_fields`), our own limits (n,
 prompts per request, token ids in the vocabulary; prompt lengths in `prompt_limits`),
-rollout tracking for aborts, and the weight version on every response.
+rollout tracking for aborts, and the weight version on every response, choice and streamed
+chunk: the version that sampled the tokens, by the rule in `weight_labels` (never the version
+serving when the response is written, which an update may have changed since).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from samrollout.server.rl_fields import (
 from samrollout.server.runtime import ServerRuntime
 from samrollout.server.stream_endings import ChoiceEndings, StreamShape
 from samrollout.server.vllm_serving import validate_json_request, with_cancellation
+from samrollout.server.weight_labels import WeightLabels
 
 router = APIRouter(dependencies=[Depends(require_api_key)])
 _ERRORS: dict[int | str, dict[str, Any]] = {400: {"description": "bad request (OpenAI-style error)"},
@@ -87,7 +90,8 @@ def _base_id(raw_request: Request, request_id: str) -> str:
 
 
 def outcomes_of(body: dict[str, Any]) -> list[SequenceOutcome]:
-    """Each choice's length, finish reason and (with per-request metrics, n = 1) accepted draft tokens."""
+    """Each choice's length, finish reason, weight version and (with per-request metrics, n = 1) accepted draft
+    tokens."""
     choices = body.get("choices") or []
     spec = ((body.get("metrics") or {}).get("speculative_decoding") or {}) if len(choices) == 1 else {}
     usage = body.get("usage") or {}
@@ -95,8 +99,41 @@ def outcomes_of(body: dict[str, Any]) -> list[SequenceOutcome]:
     for choice in choices:
         ids = choice.get("token_ids")
         tokens = len(ids) if isinstance(ids, list) else int(usage.get("completion_tokens", 0)) // max(1, len(choices))
-        outcomes.append(SequenceOutcome(tokens, spec.get("num_accepted_draft_tokens"), choice.get("finish_reason")))
+        outcomes.append(SequenceOutcome(tokens, spec.get("num_accepted_draft_tokens"), choice.get("finish_reason"),
+                                        choice.get("weight_version") or body.get("weight_version")))
     return outcomes
+
+
+class _RequestLabels:
+    """The weight versions of one HTTP request's sequences (`weight_labels`), as its body and chunks carry them."""
+
+    def __init__(self, runtime: ServerRuntime, tracked: InflightRequest, n: int) -> None:
+        labels = runtime.labels
+        assert labels is not None  # ServerRuntime always has them
+        self.labels: WeightLabels = labels
+        self.engine_ids, self.n = tracked.engine_ids(), n
+
+    def request(self) -> str:
+        """The request's label: the version of its first sampled token."""
+        return self.labels.request(self.engine_ids)
+
+    def choices(self) -> dict[int, str]:
+        """Each labelled choice's version, by choice index."""
+        return self.labels.choices(self.engine_ids, self.n)
+
+    def stamp(self, payload: dict[str, Any]) -> None:
+        """Label a body or chunk: each choice with its sequence's version, the whole with the chunk's choice's
+        (the request's label where it carries no labelled choice)."""
+        labels, choices = self.choices(), payload.get("choices") or []
+        versions = [labels.get(int(choice.get("index", 0))) for choice in choices]
+        request = self.request()
+        for choice, version in zip(choices, versions, strict=True):
+            choice["weight_version"] = version or request
+        payload["weight_version"] = next((v for v in versions if v is not None), request)
+
+    def forget(self) -> None:
+        """The request ended: drop its labels."""
+        self.labels.forget(self.engine_ids)
 
 
 class _StreamOutcomes:
@@ -118,10 +155,12 @@ class _StreamOutcomes:
         if spec:
             self.spec = spec
 
-    def outcomes(self) -> list[SequenceOutcome]:
-        """One outcome per choice; a choice the stream never finished (the client hung up) was aborted."""
+    def outcomes(self, versions: dict[int, str], request_version: str) -> list[SequenceOutcome]:
+        """One outcome per choice, with its weight version (``versions``, else ``request_version``); a choice
+        the stream never finished (the client hung up) was aborted."""
         accepted = self.spec.get("num_accepted_draft_tokens") if self.choices == 1 else None
-        return [SequenceOutcome(self.tokens.get(i, 0), accepted, self.finish.get(i) or "abort")
+        return [SequenceOutcome(self.tokens.get(i, 0), accepted, self.finish.get(i) or "abort",
+                                versions.get(i, request_version))
                 for i in range(self.choices)]
 
 
@@ -130,6 +169,7 @@ async def _generate(runtime: ServerRuntime, request: AnyRolloutRequest,
     """Run vLLM's handler with rollout and in-flight tracking; add the RL fields to what it returns."""
     fields = rl_response_fields(request)
     rollout, sequences = request.rollout_id, tracked.prompts * (request.n or 1)
+    labels = _RequestLabels(runtime, tracked, request.n or 1)
     if rollout is not None:
         runtime.rollouts.begin(rollout, sequences)
     streaming = False
@@ -141,7 +181,8 @@ async def _generate(runtime: ServerRuntime, request: AnyRolloutRequest,
         if hasattr(result, "model_dump"):
             body = result.model_dump(exclude_none=False)
             body.update(fields)
-            body["weight_version"] = runtime.weight_version  # the version that finished it
+            labels.stamp(body)  # the versions that sampled its tokens, not the one serving now
+            body["weight_version"] = labels.request()
             if rollout is not None:
                 runtime.rollouts.end(rollout, sequences, outcomes_of(body))
                 rollout = None
@@ -150,25 +191,29 @@ async def _generate(runtime: ServerRuntime, request: AnyRolloutRequest,
         prefix = "chatcmpl" if tracked.kind == "chat" else "cmpl"
         shape = StreamShape(tracked.kind, f"{prefix}-{tracked.base_id}", request.model or runtime.model_name, sequences,
                             bool(getattr(request, "return_token_ids", False)))
-        return StreamingResponse(_stream(runtime, result, ChoiceEndings(shape), tracked, fields, rollout, sequences),
+        return StreamingResponse(_stream(runtime, result, ChoiceEndings(shape), tracked, fields, rollout, sequences,
+                                         labels),
                                  media_type="text/event-stream")
     finally:
-        if rollout is not None and not streaming:
-            runtime.rollouts.end(rollout, sequences, [])
+        if not streaming:
+            labels.forget()
+            if rollout is not None:
+                runtime.rollouts.end(rollout, sequences, [])
 
 
 async def _stream(runtime: ServerRuntime, chunks: AsyncIterator[str], endings: ChoiceEndings,
                   tracked: InflightRequest, fields: dict[str, Any], rollout: str | None,
-                  sequences: int) -> AsyncIterator[str]:
+                  sequences: int, labels: _RequestLabels) -> AsyncIterator[str]:
+    """vLLM's SSE stream with the RL fields, each chunk labelled with the version that sampled its tokens."""
     seen = _StreamOutcomes(sequences)
     try:
         with runtime.inflight.track(tracked):
-            async for chunk in annotate_stream(chunks, {**fields, "weight_version": runtime.weight_version},
-                                               seen.see, endings):
+            async for chunk in annotate_stream(chunks, fields, seen.see, endings, labels.stamp):
                 yield chunk
     finally:
         if rollout is not None:
-            runtime.rollouts.end(rollout, sequences, seen.outcomes())
+            runtime.rollouts.end(rollout, sequences, seen.outcomes(labels.choices(), labels.request()))
+        labels.forget()
 
 
 @router.post("/v1/completions", responses=_ERRORS, dependencies=[Depends(validate_json_request)])
@@ -178,6 +223,7 @@ async def create_completion(request: RolloutCompletionRequest, raw_request: Requ
     runtime = runtime_of(raw_request)
     prompts = _prompt_count(request.prompt)
     check_limits(runtime, request.n, _prompt_token_lists(request.prompt), prompts)
+    runtime.queue.admit(raw_request.scope, prompts * (request.n or 1))  # 429 when the queue is full
     request.limit_prompt_tokens(runtime.settings.max_prompt_tokens)
     attach_engine_args(request)
     tracked = InflightRequest(_base_id(raw_request, request.request_id), "completion", prompts, request.rollout_id)
@@ -195,6 +241,7 @@ async def create_chat_completion(request: RolloutChatCompletionRequest, raw_requ
     if handler is None:
         raise ApiError(400, "this model has no chat template", "messages")
     check_limits(runtime, request.n, [])
+    runtime.queue.admit(raw_request.scope, request.n or 1)  # 429 when the queue is full
     request.limit_prompt_tokens(runtime.settings.max_prompt_tokens)
     attach_engine_args(request)
     tracked = InflightRequest(_base_id(raw_request, request.request_id), "chat", 1, request.rollout_id)

@@ -6,7 +6,8 @@ requests siblings that draft from one shared automaton (the ``n`` children of on
 already are).  ``return_token_ids`` defaults to true here, so each choice carries
 ``token_ids`` and ``prompt_token_ids`` (unless ``echo`` is set: then the prompt comes back as text).
 
-Responses: ``weight_version`` (the weights that produced it), and ``rollout_id`` /
+Responses: ``weight_version`` (the weights that produced its tokens, by the rule in
+`weight_labels`: on the body, on each choice, on every streamed chunk), and ``rollout_id`` /
 ``group_id`` echoed back.  vLLM's own fields are untouched.
 
 The request models also hand our prompt limits to vLLM's tokenization (`prompt_limits`):
@@ -88,17 +89,21 @@ def rl_response_fields(request: AnyRolloutRequest) -> dict[str, Any]:
     return {"rollout_id": request.rollout_id, "group_id": request.group_id}
 
 
+Stamp = Callable[[dict[str, Any]], None]
+
+
 async def annotate_stream(chunks: AsyncIterator[str], fields: dict[str, Any],
                           see: Callable[[dict[str, Any]], None] | None = None,
-                          endings: ChoiceEndings | None = None) -> AsyncIterator[str]:
-    """Add ``fields`` to each ``data: {...}`` event of vLLM's SSE stream (showing each to ``see``), and insert the
-    closing chunks ``endings`` owes to choices that never finished: one JSON parse per event for all of it."""
+                          endings: ChoiceEndings | None = None, stamp: Stamp | None = None) -> AsyncIterator[str]:
+    """Add ``fields`` to each ``data: {...}`` event of vLLM's SSE stream (showing each to ``see``, then letting
+    ``stamp`` add what depends on the chunk, e.g. its weight version), and insert the closing chunks ``endings``
+    owes to choices that never finished: one JSON parse per event for all of it."""
     async for chunk in chunks:
-        yield _annotate_events(chunk, fields, see, endings)
+        yield _annotate_events(chunk, fields, see, endings, stamp)
 
 
 def _annotate_events(chunk: str, fields: dict[str, Any], see: Callable[[dict[str, Any]], None] | None,
-                     endings: ChoiceEndings | None) -> str:
+                     endings: ChoiceEndings | None, stamp: Stamp | None = None) -> str:
     out: list[str] = []
     for event in chunk.split("\n\n"):
         payload: dict[str, Any] | None = None
@@ -108,16 +113,19 @@ def _annotate_events(chunk: str, fields: dict[str, Any], see: Callable[[dict[str
             except json.JSONDecodeError:
                 payload = None  # passed on as vLLM sent it
         if endings is not None:
-            out.extend(_annotated(closing, fields, see) for closing in endings.before(event, payload))
+            out.extend(_annotated(closing, fields, see, stamp) for closing in endings.before(event, payload))
         if payload is not None and "error" not in payload:
-            event = _annotated(payload, fields, see)
+            event = _annotated(payload, fields, see, stamp)
         out.append(event)
     return "\n\n".join(out)
 
 
-def _annotated(payload: dict[str, Any], fields: dict[str, Any], see: Callable[[dict[str, Any]], None] | None) -> str:
-    """One chunk as the client gets it: shown to ``see``, with ``fields`` added, as an SSE ``data:`` line."""
+def _annotated(payload: dict[str, Any], fields: dict[str, Any], see: Callable[[dict[str, Any]], None] | None,
+               stamp: Stamp | None = None) -> str:
+    """One chunk as the client gets it: shown to ``see``, with ``fields`` added and ``stamp``ed, as SSE ``data:``."""
     if see is not None:
         see(payload)
     payload.update(fields)
+    if stamp is not None:
+        stamp(payload)
     return "data: " + json.dumps(payload, separators=(",", ":"))

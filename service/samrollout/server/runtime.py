@@ -22,11 +22,14 @@ from starlette.datastructures import State
 from samrollout.metrics.definitions import set_scheduling_policy, set_weight_version
 from samrollout.metrics.rollouts import RolloutTracker
 from samrollout.server.admission import AdmissionScheduler, admission_headroom
+from samrollout.server.bounded_call import call_with_deadline
 from samrollout.server.errors import ApiError
 from samrollout.server.inflight import InflightRegistry
 from samrollout.server.length_predictor import LengthPredictor
+from samrollout.server.queue_limit import QueueLimit
 from samrollout.server.scheduled_engine import ScheduledEngineClient, output_tokens_so_far
 from samrollout.server.settings import ServerSettings
+from samrollout.server.weight_labels import WeightLabels, labelling_client
 from samrollout.server.weight_uploads import WeightUploads, default_max_bytes, default_staging_root
 from samrollout.server.weights_check import Layout, WeightsError, check_weights_dir, checkpoint_layout
 
@@ -82,11 +85,19 @@ class ServerRuntime:
     weight_version: str
     rollouts: RolloutTracker
     weight_uploads: WeightUploads    # weights pushed over HTTP, staged until committed (/admin/weight_uploads)
+    queue: QueueLimit                # sequences in progress, bounded (--max-queued-requests; 429 beyond)
     inflight: InflightRegistry = field(default_factory=InflightRegistry)
     update_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     expected_weights: Layout | None = None  # the served checkpoint's tensors: what weight updates must match
     sleep_level: int | None = None           # set by /admin/sleep, cleared by /admin/wake (pausing is not sleep)
     paused: bool = False                     # the engine's scheduler paused (pause/resume, sleep/wake): for status
+    labels: WeightLabels | None = None       # which weight version produced each sequence (weight_labels)
+
+    def __post_init__(self) -> None:
+        """Label sequences the engine gives no version with this runtime's version (`weight_labels`)."""
+        if self.labels is None:
+            self.labels = WeightLabels(self.engine, lambda: self.weight_version)
+        self.labels.current = lambda: self.weight_version
 
     async def abort_rollout(self, rollout_id: str) -> int:
         """Abort every in-flight request tagged ``rollout_id``; returns how many HTTP requests it hit."""
@@ -132,19 +143,28 @@ class ServerRuntime:
         paused: in-flight requests either finish on the old weights ("wait") or are aborted
         ("abort"); requests arriving meanwhile queue and run on the new weights.  The prefix
         cache and the drafters' automata are dropped, since both were built by the old
-        policy.  ``source`` says where the weights came from, for the log.
+        policy, and the KV cache is zeroed: a NaN that bad weights left in a cache block would
+        otherwise poison every later request placed there, whatever weights follow.
+        ``source`` says where the weights came from, for the log.
         """
         from samrollout.server.vllm_serving import set_engine_weight_version
 
-        try:  # file IO: off the event loop
-            folder = await asyncio.to_thread(check_weights_dir, path, self.expected_weights)
+        limit = self.settings.weight_check_timeout
+        try:  # file IO: off the event loop, in its own thread, bounded in time
+            folder = await call_with_deadline(check_weights_dir, path, self.expected_weights,
+                                              self.settings.weight_value_check, timeout=limit,
+                                              name="samrollout-weights-check")
         except WeightsError as error:
             raise ApiError(400, f"weights not loaded: {error}", param) from None
+        except TimeoutError:
+            raise ApiError(400, f"weights not loaded: reading the files took over {limit:g} s "
+                           "(--weight-check-timeout); the served weights are kept", param) from None
         async with self.update_lock:
             old = self.weight_version
             await self.pause(in_flight, clear_cache=True)
             try:
-                await self.engine.collective_rpc("samrollout_reload_weights", kwargs={"weights_path": str(folder)})
+                await self.engine.collective_rpc("samrollout_reload_weights", kwargs={
+                    "weights_path": str(folder), "clear_kv_cache": self.sleep_level is None})
                 await self.engine.reset_prefix_cache()
                 await self.engine.collective_rpc("samrollout_reset_drafter")
                 self.weight_version = version
@@ -220,9 +240,10 @@ async def start_runtime(settings: ServerSettings, state: State) -> ServerRuntime
         raise
     vllm_config = engine.vllm_config
     generation = generation_client(settings, engine)
+    labels = WeightLabels(engine, lambda: settings.weight_version)  # then the runtime's (its __post_init__)
     try:
         supported = await engine.get_supported_tasks()
-        await init_app_state(generation, state, args, supported)
+        await init_app_state(labelling_client(generation, labels), state, args, supported)
         await set_engine_weight_version(engine, settings.weight_version)
         set_weight_version(settings.weight_version)
     except BaseException:
@@ -237,7 +258,9 @@ async def start_runtime(settings: ServerSettings, state: State) -> ServerRuntime
                          weight_version=settings.weight_version,
                          expected_weights=layout,
                          rollouts=RolloutTracker(settings.threshold, settings.rollout_idle_seconds),
-                         weight_uploads=uploads)
+                         weight_uploads=uploads, labels=labels,
+                         queue=QueueLimit(int(vllm_config.scheduler_config.max_num_seqs),
+                                          settings.max_queued_requests))
 
 
 def open_weight_uploads(settings: ServerSettings, layout: Layout | None) -> WeightUploads:

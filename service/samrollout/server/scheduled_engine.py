@@ -38,6 +38,11 @@ def output_tokens_so_far(engine: Any, request_id: str) -> int:
         return 0
 
 
+def child_request_id(parent_id: str, index: int) -> str:
+    """The engine request id of child ``index`` of a request fanned out here (vLLM's own naming of children)."""
+    return f"{index}_{parent_id}"
+
+
 def _prompt_token_ids(prompt: Any) -> list[int] | None:
     ids = prompt.get("prompt_token_ids") if isinstance(prompt, dict) else getattr(prompt, "prompt_token_ids", None)
     return list(ids) if isinstance(ids, list) else None
@@ -115,7 +120,7 @@ class ScheduledEngineClient:
         from vllm.sampling_params import RequestOutputKind
 
         n = params.n
-        child_ids = [f"{i}_{request_id}" for i in range(n)]
+        child_ids = [child_request_id(request_id, i) for i in range(n)]
         self._children[request_id] = child_ids
         queue: asyncio.Queue[tuple[int, Any] | BaseException] = asyncio.Queue()
 

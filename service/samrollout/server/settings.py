@@ -108,8 +108,40 @@ class ServerSettings(BaseSettings):
     max_weight_uploads: int = Field(2, ge=1, le=64, description="weight uploads open at once")
     weight_upload_idle_seconds: float = Field(
         600.0, gt=0.0, description="a weight upload untouched this long is cancelled and its files deleted")
+    weight_value_check: bool = Field(
+        True, description="refuse weight updates holding NaN or infinite values (reads every tensor once; off: "
+        "for trainers that check their weights themselves)")
+    weight_check_timeout: float = Field(
+        600.0, gt=0.0, description="seconds a weight update's file checks may take before it is refused (the "
+        "value check reads every byte: about 1 GB/s per core)")
+    max_request_bytes: int = Field(
+        32 * 1024 * 1024, ge=1024, description="largest request body (413 beyond, before it is read); weight "
+        "files pushed to /admin/weight_uploads have their own limit")
+    max_connections: int = Field(1024, ge=1, description="open HTTP connections (beyond: 503 and closed)")
+    header_timeout: float = Field(
+        15.0, gt=0.0, description="seconds a connection may take to send a request's headers (also an idle "
+        "new connection), then it is closed")
+    keep_alive_timeout: int = Field(5, ge=1, description="seconds an idle keep-alive connection stays open")
+    max_queued_requests: int = Field(
+        16384, ge=0, description="sequences (prompts x n) that may wait beyond those the engine runs; beyond: 429 "
+        "with Retry-After")
     log_level: LogLevel = Field("info", description="server log level")
     vllm_args: list[str] = Field(default_factory=list, description="extra vLLM engine flags, passed through")
+
+    @field_validator("api_key")
+    @classmethod
+    def _usable_api_key(cls, value: SecretStr | None) -> SecretStr | None:
+        """A key clients can send: visible ASCII, no surrounding whitespace (a blank key matches no client)."""
+        if value is None:
+            return value
+        key = value.get_secret_value()
+        if not key.strip():
+            raise ValueError("the API key is blank: no client can send it; set a real key (openssl rand -hex 24)")
+        if key != key.strip():
+            raise ValueError("the API key starts or ends with whitespace, which HTTP clients drop from headers")
+        if not all(33 <= ord(c) <= 126 for c in key):
+            raise ValueError("the API key must be printable ASCII without spaces (what an HTTP header carries)")
+        return value
 
     @field_validator("log_level", mode="before")
     @classmethod
@@ -245,6 +277,13 @@ _FLAGS: dict[str, dict[str, Any]] = {
     "max_weight_upload_bytes": {"type": int},
     "max_weight_uploads": {"type": int},
     "weight_upload_idle_seconds": {"type": float},
+    "weight_value_check": {"action": argparse.BooleanOptionalAction},
+    "weight_check_timeout": {"type": float, "metavar": "SECONDS"},
+    "max_request_bytes": {"type": int, "metavar": "BYTES"},
+    "max_connections": {"type": int},
+    "header_timeout": {"type": float, "metavar": "SECONDS"},
+    "keep_alive_timeout": {"type": int, "metavar": "SECONDS"},
+    "max_queued_requests": {"type": int},
     "log_level": {"choices": ["debug", "info", "warning", "error"]},
 }
 

@@ -3,9 +3,11 @@
 vLLM's weight reload trusts what it is given: random bytes, a truncated file or a tensor of
 another shape fail inside the workers and can take the engine down.  `check_weights_dir`
 turns every such problem into a `WeightsError` naming the file and the tensor, so
-``POST /admin/update_weights`` answers 400 and the old weights keep serving.  Only headers
-are read (the 8-byte length and the JSON after it; never tensor data), so a large
-checkpoint is checked in milliseconds; the server runs the check off its event loop.
+``POST /admin/update_weights`` answers 400 and the old weights keep serving.  The structural
+checks read only headers (the 8-byte length and the JSON after it), so they take
+milliseconds on any checkpoint; the value check (NaN, infinity; on by default) reads each
+tensor once.  Only regular files are opened: a FIFO or device in the directory is refused
+from ``stat`` alone.  The server runs the checks off its event loop, bounded in time.
 """
 
 from __future__ import annotations
@@ -53,15 +55,38 @@ def _os_problem(error: OSError) -> str:
     return known.get(error.errno or 0, f"cannot be read: {error.strerror or error}")
 
 
+def _special_kind(mode: int) -> str | None:
+    """What a file that is neither regular nor a directory is ("a FIFO", ...); None for those two."""
+    kinds = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
+             (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+    return next((kind for test, kind in kinds if test(mode)), None)
+
+
 def _weight_files(path: str) -> list[Path]:
-    """The ``*.safetensors`` files of the directory ``path`` (sorted); WeightsError when there is no such directory."""
+    """The ``*.safetensors`` files of the directory ``path`` (sorted); WeightsError when there is no such directory.
+
+    Every entry is looked at with ``stat`` only (never opened): a FIFO, device or socket in
+    the directory is refused, since reading one can block forever or never end.
+    """
     if "\x00" in path:
         raise WeightsError("the path contains a NUL character")
     folder = Path(path)
+    files = []
     try:
         if not stat.S_ISDIR(folder.stat().st_mode):
             raise WeightsError(f"{_shown(path)} is not a directory: give the directory holding the *.safetensors files")
-        files = sorted(p for p in folder.iterdir() if p.name.endswith(".safetensors"))
+        for entry in sorted(folder.iterdir()):
+            try:
+                mode = entry.stat().st_mode  # follows symbolic links: what a reader would open
+            except FileNotFoundError:
+                mode = entry.lstat().st_mode  # a dangling link: refused below if it names weights
+            kind = _special_kind(mode)
+            if kind is not None:
+                raise WeightsError(f"{entry.name} is {kind}: a weights directory may hold only regular files")
+            if entry.name.endswith(".safetensors"):
+                if not stat.S_ISREG(mode):
+                    raise WeightsError(f"{entry.name} is not a regular file")
+                files.append(entry)
     except OSError as error:
         raise WeightsError(f"{_shown(path)} {_os_problem(error)}") from None
     if not files:
@@ -97,7 +122,8 @@ def read_header(path: Path) -> Layout:
     """
     file = path.name
     try:
-        with path.open("rb") as handle:
+        # Non-blocking open: should the file have become a FIFO since it was listed, this cannot hang.
+        with os.fdopen(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as handle:
             info = os.fstat(handle.fileno())
             if not stat.S_ISREG(info.st_mode):
                 raise WeightsError(f"{file} is not a regular file")
@@ -161,16 +187,27 @@ def read_directory(path: str) -> dict[str, tuple[str, TensorSpec]]:
     return found
 
 
-def check_weights_dir(path: str, expected: Layout | None) -> Path:
+def check_weights_dir(path: str, expected: Layout | None, values: bool = False) -> Path:
     """The directory ``path`` once its weights are fit to load in place of the served ones; WeightsError otherwise.
 
     ``expected``: the served checkpoint's layout (`checkpoint_layout`); every tensor must be
     there with the same shape and dtype, and none may be missing.  None: files are checked,
     the layout is not (the served model is not a local safetensors checkpoint).
+    ``values``: also read every floating-point tensor once and refuse NaN or infinite values
+    (`weight_values.check_finite`), after the headers and layout passed.
     """
     found = read_directory(path)
-    if expected is None:
-        return Path(path)
+    if expected is not None:
+        _check_layout(found, expected)
+    if values:
+        from samrollout.server.weight_values import check_finite
+
+        check_finite(_weight_files(path))
+    return Path(path)
+
+
+def _check_layout(found: dict[str, tuple[str, TensorSpec]], expected: Layout) -> None:
+    """Every tensor of ``expected`` is in ``found`` with its shape and dtype, and nothing else is."""
     for name, (file, (shape, dtype)) in sorted(found.items()):
         want = expected.get(name)
         if want is None:
@@ -184,7 +221,6 @@ def check_weights_dir(path: str, expected: Layout | None) -> Path:
     if missing:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
         raise WeightsError(f"tensor {missing[0]!r}{more} of the served model is in none of the *.safetensors files")
-    return Path(path)
 
 
 def checkpoint_layout(model_path: str) -> Layout | None:

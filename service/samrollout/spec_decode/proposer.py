@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from samrollout.config import ADDITIONAL_CONFIG_KEY, GROUP_FIELD, SpeculationConfig
+from samrollout.spec_decode.cpu_sampled_verification import sampled_verification_is_exact
 from samrollout.spec_decode.draft_log import DraftLogWriter
 from samrollout.spec_decode.schedule import dense_from_range, dense_schedule
 from samrollout.spec_decode.session import STEP_SECONDS_BUCKETS, DraftSession, SessionSettings, StepRow
@@ -86,18 +87,21 @@ class SamProposer:
         session_settings = SessionSettings(
             largest_draft=largest, confident_k=confident_k, on_cpu=on_cpu,
             schedule=None if schedule is None else tuple(schedule),
-            draft_sampled=self._draft_sampled(config.sampled_requests, on_cpu))
+            draft_sampled=self._draft_sampled(config.sampled_requests),
+            draft_seeded=config.sampled_requests == "draft")
         vocab_size = int(vllm_config.model_config.get_vocab_size())
         self.session = DraftSession(config, vocab_size, session_settings)
         self.runner = runner if runner is not None else find_model_runner()
         self.log = DraftLogWriter.from_env(config, vocab_size, session_settings)
-        self._facts: dict[str, tuple[str | None, bool]] = {}  # each request's group and greediness, read once
+        self._facts: dict[str, tuple[str | None, bool, bool]] = {}  # group, greedy, seeded: read once per request
 
     @staticmethod
-    def _draft_sampled(mode: str, on_cpu: bool) -> bool:
+    def _draft_sampled(mode: str) -> bool:
+        """Whether sampled rows get drafts: "draft" yes, "skip" no, "auto" wherever vLLM verifies them
+        exactly (everywhere, vLLM's CPU backend included once the cpu_sampled_verification plugin patched it)."""
         if mode != "auto":
             return mode == "draft"
-        return not on_cpu
+        return sampled_verification_is_exact()
 
     @property
     def config(self) -> SpeculationConfig:
@@ -126,8 +130,9 @@ class SamProposer:
         for i, sampled in enumerate(sampled_token_ids):
             request_id = req_ids[i]
             length = int(num_tokens_no_spec[i])
+            group, greedy, seeded = self._request_facts(request_id)
             rows.append(StepRow(request_id, len(sampled), token_ids_cpu[i], length, int(batch.num_prompt_tokens[i]),
-                                *self._request_facts(request_id), room=self.max_model_len - length - 1))
+                                group, greedy, room=self.max_model_len - length - 1, seeded=seeded))
         present = list(batch.req_id_to_index)
         if len(self._facts) > 2 * len(present) + 64:  # drop the facts of requests that left
             self._facts = {r: self._facts[r] for r in present if r in self._facts}
@@ -136,8 +141,8 @@ class SamProposer:
             self.log.write(rows, present, now, drafts)
         return drafts
 
-    def _request_facts(self, request_id: str) -> tuple[str | None, bool]:
-        """The request's group and whether it samples greedily (from its sampling params)."""
+    def _request_facts(self, request_id: str) -> tuple[str | None, bool, bool]:
+        """The request's group, whether it samples greedily, and whether it has its own seed (sampling params)."""
         facts = self._facts.get(request_id)
         if facts is not None:
             return facts
@@ -145,7 +150,8 @@ class SamProposer:
         greedy = params is not None and params.temperature < 1e-5
         group = group_of(request_id, getattr(params, "extra_args", None)) if self.session.config.group_drafting \
             else None
-        facts = self._facts[request_id] = (group, greedy)
+        seeded = getattr(params, "seed", None) is not None
+        facts = self._facts[request_id] = (group, greedy, seeded)
         return facts
 
     def reset(self) -> None:

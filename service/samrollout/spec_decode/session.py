@@ -43,7 +43,8 @@ class StepRow:
     ``tokens`` holds at least ``length`` tokens (prompt then output; only the first ``length``
     are read); ``sampled``: tokens the step just finished produced for it (0: it only prefilled);
     ``group``: its sibling group (None: none, or grouped by prompt when the history is on);
-    ``greedy``: temperature 0; ``room``: most draft tokens its context still has room for.
+    ``greedy``: temperature 0; ``seeded``: it samples with its own seed; ``room``: most draft
+    tokens its context still has room for.
     """
 
     request_id: Hashable
@@ -54,32 +55,37 @@ class StepRow:
     group: str | None = None
     greedy: bool = True
     room: int = 1 << 30
+    seeded: bool = False
 
 
 @dataclass(frozen=True)
 class SessionSettings:
     """What a session needs beyond the config: the largest draft vLLM verifies (``largest_draft``),
     the confident drafts' length past the threshold, the hardware, vLLM's batch-size schedule (if the
-    engine has one), and whether sampled requests get drafts."""
+    engine has one), whether sampled requests get drafts, and whether seeded sampled ones do
+    (a seeded request's output follows its drafts, which depend on what else ran: without
+    drafts it is the same for the same seed, whatever the load)."""
 
     largest_draft: int
     confident_k: int
     on_cpu: bool = False
     schedule: tuple[int, ...] | None = None
     draft_sampled: bool = True
+    draft_seeded: bool = True
 
     def as_dict(self) -> dict[str, Any]:
         """Plain data (for draft logs)."""
         return {"largest_draft": self.largest_draft, "confident_k": self.confident_k, "on_cpu": self.on_cpu,
                 "schedule": None if self.schedule is None else list(self.schedule),
-                "draft_sampled": self.draft_sampled}
+                "draft_sampled": self.draft_sampled, "draft_seeded": self.draft_seeded}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SessionSettings:
         """The inverse of `as_dict`."""
         schedule = data.get("schedule")
         return cls(int(data["largest_draft"]), int(data["confident_k"]), bool(data["on_cpu"]),
-                   None if schedule is None else tuple(int(x) for x in schedule), bool(data["draft_sampled"]))
+                   None if schedule is None else tuple(int(x) for x in schedule), bool(data["draft_sampled"]),
+                   bool(data.get("draft_seeded", True)))
 
 
 def _by_batch_size(counts: Counter[int]) -> dict[str, int]:
@@ -95,6 +101,7 @@ class _Counters:
     draft_tokens: int = 0
     accepted_tokens: int = 0
     sampled_rows_skipped: int = 0
+    seeded_rows_skipped: int = 0
     confident_drafts: int = 0  # rows drafted past the threshold on a long match (confident_match)
     longest_confident_draft: int = 0
     history_joined_responses: int = 0
@@ -225,8 +232,11 @@ class DraftSession:
             room = min(limit, rows[i].room)
             if not draft or room <= 0 or not self.gate.allow_request(request_id):
                 continue
-            if not self.settings.draft_sampled and not rows[i].greedy:
+            if not rows[i].greedy and not self.settings.draft_sampled:
                 self.counters.sampled_rows_skipped += 1
+                continue
+            if not rows[i].greedy and rows[i].seeded and not self.settings.draft_seeded:
+                self.counters.seeded_rows_skipped += 1
                 continue
             drafts[i] = draft[:room]
             kept += 1
@@ -317,7 +327,8 @@ class DraftSession:
         the step-time histogram's counts per `STEP_SECONDS_BUCKETS` bound, and the current settings."""
         c = self.counters
         return {"steps": c.steps, "draft_tokens": c.draft_tokens, "accepted_tokens": c.accepted_tokens,
-                "sampled_rows_skipped": c.sampled_rows_skipped, "active_requests": self.active_requests,
+                "sampled_rows_skipped": c.sampled_rows_skipped, "seeded_rows_skipped": c.seeded_rows_skipped,
+                "active_requests": self.active_requests,
                 "confident_match": self.config.confident_match, "confident_drafts": c.confident_drafts,
                 "confident_k": self.confident_k, "longest_confident_draft": c.longest_confident_draft,
                 "propose_seconds": c.propose_seconds, "step_seconds_counts": list(c.step_seconds_counts),

@@ -43,8 +43,12 @@ class SamWorkerExtension:
         proposer.reset()
         return True
 
-    def samrollout_reload_weights(self, weights_path: str) -> None:
-        """Load new weights from ``weights_path`` into the model in place (same architecture).
+    def samrollout_reload_weights(self, weights_path: str, clear_kv_cache: bool = True) -> None:
+        """Load new weights from ``weights_path`` into the model in place (same architecture), then zero the KV cache.
+
+        ``clear_kv_cache``: False while the engine sleeps (the cache's memory is released then).
+        The server loads weights only while generation is paused with nothing in flight, so
+        no request owns a cache block when it is zeroed.
 
         vLLM's workers have ``reload_weights``; vllm-ascend 0.23's ``NPUWorker`` has not, but its
         runner inherits vLLM's ``GPUModelRunner.reload_weights``, which is called as vLLM's
@@ -53,8 +57,28 @@ class SamWorkerExtension:
         reload = getattr(self, "reload_weights", None)
         if callable(reload):
             reload(weights_path=weights_path)
-            return
-        from vllm.config import set_current_vllm_config
+        else:
+            from vllm.config import set_current_vllm_config
 
-        with set_current_vllm_config(self.vllm_config):
-            self.model_runner.reload_weights(weights_path=weights_path)
+            with set_current_vllm_config(self.vllm_config):
+                self.model_runner.reload_weights(weights_path=weights_path)
+        if clear_kv_cache:
+            self.samrollout_clear_kv_cache()
+
+    def samrollout_clear_kv_cache(self) -> int:
+        """Zero every KV-cache tensor of this worker; returns how many tensors were cleared.
+
+        Attention reads whole cache blocks and masks the positions a request does not own; a
+        NaN left in such a position by earlier (bad) weights survives the mask (0 x NaN is
+        NaN) and poisons every later request placed in that block.  Zeroing the cache with
+        every weight load makes a reload give exactly a fresh server's outputs.
+        """
+        import torch
+
+        cleared = 0
+        for cache in getattr(getattr(self, "model_runner", None), "kv_caches", None) or []:
+            for tensor in cache if isinstance(cache, (list, tuple)) else [cache]:
+                if isinstance(tensor, torch.Tensor):
+                    tensor.zero_()
+                    cleared += 1
+        return cleared

@@ -1,0 +1,171 @@
+"""Connection-level limits uvicorn does not enforce by itself: header time, open connections, body size.
+
+- `guarded_http_protocol` wraps uvicorn's HTTP protocol class: a connection must deliver a
+  request's complete headers within ``header_timeout`` seconds of opening (or of its previous
+  response), so slowloris clients and idle sockets are closed; beyond ``max_connections`` open
+  connections a new one gets a 503 and is closed at once.  Idle keep-alive connections are
+  closed by uvicorn's own ``timeout_keep_alive``.
+- `BodyLimit` is an ASGI middleware refusing request bodies over ``max_bytes`` with a 413: from
+  ``Content-Length`` before any of the body is read, or while a chunked body streams in, so a
+  huge body never sits in memory.  Weight files pushed to ``/admin/weight_uploads`` stream to
+  disk under their own limit (``--max-weight-upload-bytes``) and are exempt.
+
+Connections refused or timed out here are counted in ``samrollout_http_errors_total`` (503, 408)
+like the app's own error responses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from fastapi import HTTPException
+
+from samrollout.metrics.definitions import HTTP_ERRORS
+from samrollout.server.errors import error_body
+
+logger = logging.getLogger("samrollout.server")
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+# Weight files stream to disk with their own size limit (weight_uploads.py).
+_EXEMPT_PATHS = re.compile(r"^/admin/weight_uploads/[^/]+/files/")
+
+
+def _raw_response(status: int, reason: str, message: str) -> bytes:
+    """A complete HTTP/1.1 error response that closes the connection, written without the app."""
+    body = json.dumps(error_body(status, message)).encode()
+    head = (f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\nconnection: close\r\n"
+            f"content-length: {len(body)}\r\n\r\n").encode()
+    return head + body
+
+
+def guarded_http_protocol(base: type[asyncio.Protocol], max_connections: int,
+                          header_timeout: float) -> type[asyncio.Protocol]:
+    """uvicorn's HTTP protocol class ``base`` with a header deadline and a connection limit (module docstring)."""
+    refused = _raw_response(503, "Service Unavailable",
+                            f"too many open connections (at most {max_connections}, --max-connections)")
+    timed_out = _raw_response(408, "Request Timeout",
+                              f"request headers not received within {header_timeout:g} s (--header-timeout)")
+
+    class GuardedHTTPProtocol(base):  # type: ignore[valid-type, misc]
+        """uvicorn's protocol, closing connections that are over the limit or too slow to send headers."""
+
+        _header_timer: asyncio.TimerHandle | None = None
+        _awaited_cycle: Any = None
+
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            super().connection_made(transport)
+            if len(self.connections) > max_connections:
+                logger.warning("refused a connection: %d open (--max-connections %d)", len(self.connections) - 1,
+                               max_connections)
+                self.transport.write(refused)
+                self.transport.close()
+                HTTP_ERRORS.labels(code="503").inc()
+                return
+            self._arm_header_timer()
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            if self._header_timer is not None and self.cycle is not self._awaited_cycle:
+                self._cancel_header_timer()  # a new request's headers are complete
+
+        def on_response_complete(self) -> None:
+            finished = self.cycle
+            super().on_response_complete()
+            if not self.transport.is_closing() and self.cycle is finished:
+                self._arm_header_timer()  # no pipelined request started: the next one's headers are timed
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._cancel_header_timer()
+            super().connection_lost(exc)
+
+        def _arm_header_timer(self) -> None:
+            self._cancel_header_timer()
+            self._awaited_cycle = self.cycle
+            self._header_timer = self.loop.call_later(header_timeout, self._headers_too_slow)
+
+        def _cancel_header_timer(self) -> None:
+            if self._header_timer is not None:
+                self._header_timer.cancel()
+                self._header_timer = None
+
+        def _headers_too_slow(self) -> None:
+            self._header_timer = None
+            if self.cycle is self._awaited_cycle and not self.transport.is_closing():
+                self.transport.write(timed_out)
+                self.transport.close()
+                HTTP_ERRORS.labels(code="408").inc()
+
+    GuardedHTTPProtocol.__name__ = f"Guarded{base.__name__}"
+    return GuardedHTTPProtocol
+
+
+class BodyTooLarge(HTTPException):
+    """A request body over the limit, found while it streams in (answered 413 by the error handlers)."""
+
+    def __init__(self, max_bytes: int) -> None:
+        super().__init__(413, f"request body over {max_bytes} bytes (--max-request-bytes)",
+                         headers={"Connection": "close"})
+
+
+class BodyLimit:
+    """ASGI middleware: 413 for request bodies over ``max_bytes`` (module docstring)."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Answer 413 for a declared body over the limit; otherwise run the app, counting the body's bytes."""
+        if scope["type"] != "http" or _EXEMPT_PATHS.match(scope.get("path", "")):
+            await self.app(scope, receive, send)
+            return
+        declared = _content_length(scope)
+        if declared is not None and declared > self.max_bytes:
+            await _send_too_large(send, declared, self.max_bytes)
+            return
+        await self.app(scope, self._counting(receive), send)
+
+    def _counting(self, receive: Receive) -> Receive:
+        """``receive`` that raises `BodyTooLarge` once the body read so far passes the limit."""
+        seen = 0
+
+        async def counted() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.max_bytes:
+                    raise BodyTooLarge(self.max_bytes)
+            return message
+
+        return counted
+
+
+def _content_length(scope: Scope) -> int | None:
+    """The request's declared ``Content-Length``, or None (absent or malformed: the server's parser decides)."""
+    for name, value in scope.get("headers", ()):
+        if name == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None
+
+
+async def _send_too_large(send: Send, declared: int, max_bytes: int) -> None:
+    """A 413 answered before any of the body is read; the connection closes after it."""
+    body = json.dumps(error_body(413, f"request body of {declared} bytes is over the {max_bytes}-byte limit "
+                                      "(--max-request-bytes)")).encode()
+    await send({"type": "http.response.start", "status": 413,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                            (b"connection", b"close")]})
+    await send({"type": "http.response.body", "body": body})
