@@ -9,14 +9,23 @@ another run):
 1. the CPU cost table, measured through the real vLLM engine (``bench/engine_cost.py``);
 2. the ``bench/spec_engine.py`` rollout (32 greedy requests in 8 groups of 4, heavy-tailed lengths)
    for every mode, ``--rounds`` interleaved rounds, the median makespan taken;
-3. the same rollout simulated (`samrollout.sim.rollout`) for every mode: its requests' real tokens
-   (the engine's own greedy outputs, identical in every mode), the engine's slots, the mode's drafter
+3. the same rollout simulated (`samrollout.sim.rollout`) for every mode and round: that run's own
+   tokens (greedy in bf16 on this CPU is not batch-invariant, so a mode's outputs part from the
+   others' after a few tokens: verifying drafts changes the batch shapes, and the tokens the
+   drafters saw are that run's own), the engine's slots, the mode's drafter
    (ours through the engine's `DraftSession` with the mode's `SpeculationConfig`; vLLM's ngram and
    suffix through the replay's peers, at the bench's k) and the cost table.
 
-Prints and writes, per mode, ``measured_s`` (median), its range, ``simulated_s`` and ``error``
-(simulated / measured - 1), and whether the ranking of modes is kept wherever two modes' measured
-medians differ by more than their round-to-round spread.
+Prints and writes, per mode, ``measured_s`` (median of the rounds), its range, ``simulated_s`` (median
+of the rounds simulated on their own tokens) and ``error`` (simulated / measured - 1), and whether
+the ranking of modes is kept wherever two modes' measured medians differ by more than their
+round-to-round spread.  With ``--json``, the measured rounds (every request's tokens) are kept next
+to it as ``<name>-measured.json.gz``, so the simulated half can be redone in seconds
+when the simulator changes::
+
+    python bench/simulator_calibration.py --cost bench/results/simulator-calibration-cpu.json \
+        --measured bench/results/simulator-calibration-cpu-measured.json.gz \
+        --json bench/results/simulator-calibration-cpu.json --plot bench/results/simulator-calibration-cpu.png
 """
 
 from __future__ import annotations
@@ -30,6 +39,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from statistics import median
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
@@ -92,12 +102,37 @@ def simulate_mode(mode: str, traces: Path, cost_path: Path, slots: int, k: int, 
     return result.as_dict()
 
 
+def read_text(path: Path) -> str:
+    """A JSON file's text, gzipped or not."""
+    if path.suffix == ".gz":
+        with gzip.open(path, "rt", encoding="utf-8") as handle:
+            return handle.read()
+    return path.read_text()
+
+
 def write_traces(run: dict[str, Any], path: Path) -> None:
     """The rollout's requests (prompt and greedy output token ids, by prompt group) as a trace file."""
     with gzip.open(path, "wt", encoding="utf-8") as handle:
         for seq in run["rollout"]["sequences"]:
             handle.write(json.dumps({"prompt_id": seq["prompt_id"], "prompt_ids": seq["prompt_ids"],
                                      "response_ids": seq["response_ids"]}) + "\n")
+
+
+def compare(summary: dict[str, Any], rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """One mode's measured rounds against its simulated rounds: medians, ranges and the error."""
+    rollout = summary["rollout"]
+    simulated = [r["makespan_s"] for r in rounds]
+    return {"measured_s": rollout["makespan_s"], "measured_range_s": rollout["makespan_range_s"],
+            "measured_rounds_s": [run["rollout"]["makespan_s"] for run in summary["runs"]],
+            "measured_steps": rollout["steps"], "measured_tail_s": rollout["tail_s"],
+            "measured_mal": rollout["mean_acceptance_length"],  # vLLM's: per row-step that verified a draft
+            "simulated_s": median(simulated), "simulated_rounds_s": simulated,
+            "simulated_steps": median([r["steps"] for r in rounds]),
+            "simulated_tail_s": median([r["tail_s"] for r in rounds]),
+            "simulated_mal": median([r["drafted_acceptance_length"] for r in rounds]),
+            "error": median(simulated) / rollout["makespan_s"] - 1,
+            "round_errors": [s / run["rollout"]["makespan_s"] - 1 for s, run in zip(simulated, summary["runs"],
+                                                                                   strict=True)]}
 
 
 def ranking_kept(modes: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -127,7 +162,8 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=3)
     parser.add_argument("--threshold", type=int, default=8)
     parser.add_argument("--tail", type=int, default=8)
-    parser.add_argument("--cost", help="use this cost table instead of measuring one (not a calibration)")
+    parser.add_argument("--cost", help="use this cost table (or an earlier report's) instead of measuring one "
+                        "(a calibration only with the rounds measured in the same run)")
     parser.add_argument("--cost-args",
                         default="--engine plain --lengths 64,256,768 --batches 1,2,4,8,16,32 --qs 1,2,3,4",
                         help="bench/engine_cost.py grid (plain: vLLM's defaults, as bench/spec_engine.py's engines)")
@@ -139,6 +175,9 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     cost_path = Path(args.cost) if args.cost else work / "engine-cost-cpu.json"
+    if args.cost and "cost_table" in json.loads(read_text(cost_path)):  # an earlier report: the table it measured
+        cost_path = work / "engine-cost-cpu.json"
+        cost_path.write_text(json.dumps(json.loads(read_text(Path(args.cost)))["cost_table"]))
     if not args.cost:
         _run([sys.executable, str(HERE / "engine_cost.py"), *args.cost_args.split(), "--json", str(cost_path)])
     measured_path = Path(args.measured) if args.measured else work / "spec-engine.json"
@@ -146,23 +185,22 @@ def main() -> None:
         _run([sys.executable, str(HERE / "spec_engine.py"), "--modes", args.modes, "--repeats", str(args.rounds),
               "--batch-sizes", "", "--k", str(args.k), "--threshold", str(args.threshold), "--tail", str(args.tail),
               "--json", str(measured_path)])
-    measured = {r["mode"]: r for r in json.loads(measured_path.read_text())["results"]}
-    first = next(iter(measured.values()))["runs"][0]
-    traces = work / "rollout.jsonl.gz"
-    write_traces(first, traces)
-    slots = int(first["rollout"]["max_num_seqs"])
+    measured = {r["mode"]: r for r in json.loads(read_text(measured_path))["results"]}
+    if args.json and not args.measured:
+        keep = Path(args.json).with_name(Path(args.json).stem + "-measured.json.gz")
+        keep.parent.mkdir(parents=True, exist_ok=True)
+        with gzip.open(keep, "wt", encoding="utf-8") as handle:
+            handle.write(measured_path.read_text())
     modes: dict[str, dict[str, Any]] = {}
+    slots = 0
     for mode, summary in measured.items():
-        simulated = simulate_mode(mode, traces, cost_path, slots, args.k, args.threshold, args.tail)
-        rollout = summary["rollout"]
-        modes[mode] = {"measured_s": rollout["makespan_s"], "measured_range_s": rollout["makespan_range_s"],
-                       "measured_rounds_s": [run["rollout"]["makespan_s"] for run in summary["runs"]],
-                       "measured_steps": rollout["steps"], "measured_tail_s": rollout["tail_s"],
-                       "measured_mal": rollout["mean_acceptance_length"],
-                       "simulated_s": simulated["makespan_s"], "simulated_steps": simulated["steps"],
-                       "simulated_tail_s": simulated["tail_s"],
-                       "simulated_mal": simulated["mean_acceptance_length"],
-                       "error": simulated["makespan_s"] / rollout["makespan_s"] - 1}
+        rounds = []
+        for index, run in enumerate(summary["runs"]):  # each round simulated on its own tokens
+            traces = work / f"rollout-{mode}-{index}.jsonl.gz"
+            write_traces(run, traces)
+            slots = int(run["rollout"]["max_num_seqs"])
+            rounds.append(simulate_mode(mode, traces, cost_path, slots, args.k, args.threshold, args.tail))
+        modes[mode] = compare(summary, rounds)
     ranking = ranking_kept(modes)
     print(f"\n{'mode':<18}{'measured s':>11}{'range':>15}{'simulated s':>12}{'error':>8}{'steps m/s':>14}"
           f"{'MAL m/s':>12}")
@@ -173,7 +211,7 @@ def main() -> None:
               f"{row['measured_mal']:>6.2f}/{row['simulated_mal']:<5.2f}")
     print(f"ranking: {ranking['pairs_kept']} of {ranking['pairs_checked']} separable pairs kept"
           + (f"; broken: {ranking['pairs_broken']}" if ranking["pairs_broken"] else ""))
-    report = {"options": vars(args), "slots": slots, "cost_table": json.loads(cost_path.read_text()),
+    report = {"options": vars(args), "slots": slots, "cost_table": json.loads(read_text(cost_path)),
               "modes": modes, "ranking": ranking, "max_abs_error": max(abs(r["error"]) for r in modes.values()),
               "wall_s": time.perf_counter() - started}
     if args.json:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -106,20 +107,55 @@ def test_the_static_threshold_drafts_only_once_few_responses_run() -> None:
     assert 0 < static.drafted < always.drafted
 
 
+def test_critical_path_drafts_shorten_the_longest_response_while_the_batch_is_past_the_threshold() -> None:
+    # 12 random responses keep the batch past the threshold of 4 for 200 steps; the looping one runs 3,600 tokens.
+    # Past the threshold only confident drafts (k = 3) run, so the loop pulls ahead of the others: then it is the
+    # row that has run longest, and critical-path drafting gives it 12.
+    groups = [TraceGroup("long", _tokens(8, 40), [np.tile(_tokens(9, 41), 400)]),
+              TraceGroup("random", _tokens(8, 42), [_tokens(200, 30 + i) for i in range(12)])]
+    def ours(rows: int) -> Any:
+        config = SpeculationConfig(k=3, threshold=4, confident_match=8, history_tokens=0, critical_rows=rows,
+                                   critical_k=12, policy=DraftPolicy(min_match_length=1))
+        return lambda: SamReplayDrafter.as_engine("sam", VOCAB, config)
+
+    settings = SimSettings(slots=16, charge_drafter=False)
+    plain = simulate(groups, ours(0), 3, flat_table(), settings, "sam")
+    critical = simulate(groups, ours(1), 12, flat_table(), settings, "sam-critical")
+    assert plain.critical["length"] == critical.critical["length"] == 3600  # the loop is the critical path
+    assert critical.critical["tokens_per_step"] > 2 * plain.critical["tokens_per_step"]
+    assert critical.makespan_s < 0.5 * plain.makespan_s
+
+
+def test_divided_rollout_moves_long_responses_to_an_idle_instance_as_the_client_does() -> None:
+    # Groups go whole to an instance: the long group's four responses queue for two slots on one
+    # instance while the other finishes its short group and idles.
+    groups = [_group("long", [300] * 4, 1), _group("short", [10] * 4, 2)]
+    settings = SimSettings(slots=2, instances=2, charge_drafter=False)
+    whole = simulate(groups, None, 1, flat_table(), settings, "off")
+    divided = simulate(groups, None, 1, flat_table(), replace(settings, divide_after_tokens=50), "off+divided")
+    assert whole.moves == 0 and divided.moves > 0
+    assert divided.tokens == whole.tokens == 1240  # every response whole, wherever its pieces ran
+    assert whole.makespan_s == pytest.approx(600 * STEP_MS / 1e3)  # two waves of 300 steps on one instance
+    assert divided.makespan_s < 0.8 * whole.makespan_s
+
+
 def test_simulate_command_writes_a_projection_per_setting(tmp_path: Path) -> None:
     out = tmp_path / "projection.json"
     plot = tmp_path / "projection.png"
     cmd = [sys.executable, "-m", "samrollout.cli", "simulate", "--traces", "bench/data/smollm2-math-groups.jsonl.gz",
-           "--cost", "bench/results/verify-cost-h100.json", "--modes", "off,ngram,samrollout,samrollout+length-aware",
+           "--cost", "bench/results/verify-cost-h100.json", "--modes", "off,ngram,samrollout,samrollout+fcfs",
            "--slots", "8,16", "--max-groups", "3", "--responses", "all", "--json", str(out), "--plot", str(plot)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=Path(__file__).parent.parent)
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(out.read_text())
     assert [p["slots"] for p in report["projections"]] == [8, 16]
     for projection in report["projections"]:
-        assert set(projection["modes"]) == {"off", "ngram", "samrollout", "samrollout+length-aware"}
+        assert set(projection["modes"]) == {"off", "ngram", "samrollout", "samrollout+fcfs"}
         assert all(mode["makespan_s"] > 0 for mode in projection["modes"].values())
-        assert projection["modes"]["samrollout"]["config"]["threshold_mode"] == "static"
+        ours = projection["modes"]["samrollout"]  # the server's CUDA defaults
+        assert ours["config"]["threshold_mode"] == "static" and ours["config"]["critical_rows"] == 8
+        assert ours["scheduling"] == "length-aware" and projection["modes"]["samrollout+fcfs"]["scheduling"] == "fcfs"
+        assert ours["critical"]["length"] > 0
     assert report["device_kind"] == "cuda" and plot.stat().st_size > 0
     assert "makespan s" in proc.stdout
 

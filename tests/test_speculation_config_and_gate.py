@@ -9,12 +9,13 @@ from types import SimpleNamespace
 import pytest
 
 from conftest import run_engine_jobs
-from samrollout.config import SpeculationConfig, default_draft_range, parse_draft_range
+from samrollout.config import SpeculationConfig, default_critical_path, default_draft_range, parse_draft_range
 from samrollout.drafter import DraftPolicy
 from samrollout.engine import PROPOSER_CLASS, engine_kwargs
 from samrollout.spec_decode.gate import AdaptiveGate, Gate, StaticGate, make_gate
 from samrollout.spec_decode.proposer import group_of
 from samrollout.spec_decode.schedule import dense_from_range, dense_schedule, range_schedule
+from samrollout.spec_decode.session import DraftSession, SessionSettings, StepRow
 
 
 def test_config_round_trips_through_vllm_additional_config():
@@ -205,3 +206,52 @@ def test_auto_draft_range_drafts_long_in_the_tail_on_cuda_only():
     assert default_draft_range("auto", 3, 8, on_cuda=False) is None
     assert default_draft_range("none", 3, 8, on_cuda=True) is None
     assert default_draft_range("1:16,4:8", 3, 8, on_cuda=False) == ((1, 16), (4, 8))
+
+
+def test_critical_path_auto_drafts_for_the_longest_running_rows_on_cuda_only():
+    assert default_critical_path("auto", on_cuda=True) == (8, 8)
+    assert default_critical_path("auto", on_cuda=False)[0] == 0
+    assert default_critical_path("none", on_cuda=True)[0] == 0
+    assert default_critical_path("2:24", on_cuda=False) == (2, 24)
+    for bad in ("8", "a:b", "2:0", "2:65", "-1:8"):
+        with pytest.raises(ValueError, match="critical path"):
+            default_critical_path(bad, on_cuda=True)
+
+
+def test_critical_path_drafts_set_vllms_largest_draft_and_leave_the_range_to_the_proposer():
+    config = SpeculationConfig(threshold_mode="static", confident_match=0, critical_rows=2, critical_k=24)
+    assert SpeculationConfig.from_json(json.loads(json.dumps(config.to_json()))) == config
+    spec = engine_kwargs("m", config)["speculative_config"]
+    assert spec["num_speculative_tokens"] == 24
+    assert "num_speculative_tokens_per_batch_size" not in spec  # vLLM would cut the rows past the threshold
+
+
+def _session_rows(outputs: list[int], cycle: list[int], prompt_length: int = 4) -> list[StepRow]:
+    """Rows whose outputs repeat ``cycle`` (so each has a long match), ``outputs[i]`` tokens long."""
+    rows = []
+    for i, length in enumerate(outputs):
+        tokens = [1, 2, 3, 4] + [cycle[j % len(cycle)] for j in range(length)]
+        rows.append(StepRow(f"r{i}", 1, tokens, len(tokens), prompt_length))
+    return rows
+
+
+def test_past_the_threshold_only_the_rows_that_have_run_longest_get_critical_path_drafts():
+    config = SpeculationConfig(k=3, threshold=2, confident_match=0, critical_rows=2, critical_k=12)
+    session = DraftSession(config, 64, SessionSettings(largest_draft=config.largest_draft(), confident_k=3))
+    cycle = [10, 11, 12, 13, 14, 15, 16]
+    rows = _session_rows([60, 50, 40, 40, 40, 40], cycle)
+    drafts = session.step(rows, {row.request_id for row in rows})
+    lengths = [len(d) for d in drafts]
+    assert 3 < lengths[1] <= lengths[0] == 12 and lengths[2:] == [0, 0, 0, 0]  # 6 running: past the threshold
+    assert drafts[0] == [cycle[(60 + j) % len(cycle)] for j in range(12)]
+    assert session.stats()["critical_drafts"] == 2
+
+
+def test_rows_that_started_together_are_no_critical_path_evidence():
+    config = SpeculationConfig(k=3, threshold=2, confident_match=0, critical_rows=2, critical_k=12)
+    session = DraftSession(config, 64, SessionSettings(largest_draft=config.largest_draft(), confident_k=3))
+    rows = _session_rows([40, 40, 40, 40], [10, 11, 12, 13, 14])
+    assert session.step(rows, {row.request_id for row in rows}) == [[], [], [], []]
+    tail = _session_rows([40, 30], [10, 11, 12, 13, 14])  # at the threshold: the range's 3, the longest 12
+    fresh = DraftSession(config, 64, SessionSettings(largest_draft=config.largest_draft(), confident_k=3))
+    assert all(len(d) > 3 for d in fresh.step(tail, {row.request_id for row in tail}))

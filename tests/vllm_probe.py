@@ -323,8 +323,10 @@ def check_server(model_dir: str) -> dict[str, Any]:
         return engines[-1]
 
     AsyncLLM.from_vllm_config = classmethod(from_vllm_config)
+    # fcfs: the release's serving layer names the engine requests (length-aware scheduling fans n > 1
+    # out into child ids of its own, which ScheduledEngineClient.abort maps; tests/test_rollout_scheduling.py).
     settings = ServerSettings(model=model_dir, served_model_name="tiny", api_key=API_KEY, max_model_len=512,
-                              max_n=4, dtype="float32", threshold_mode="static")
+                              max_n=4, dtype="float32", threshold_mode="static", rollout_scheduling="fcfs")
     weights = Path(tempfile.mkdtemp(prefix="probe-weights-"))  # the stand-in engine loads nothing from it
     for file in Path(model_dir).glob("*.safetensors"):  # but the server checks it against the served layout
         shutil.copyfile(file, weights / file.name)

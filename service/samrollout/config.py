@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+from samrollout._core import MAX_DRAFT_TOKENS
 from samrollout.drafter import DraftPolicy, check_int
 
 ThresholdMode = Literal["off", "static", "adaptive"]
@@ -78,6 +79,13 @@ class SpeculationConfig:
       stalled 23 minutes in a served benchmark with it on: seven servers had left 0.5 GiB of
       the machine's memory, README.)  With it on, vLLM gets no batch-size schedule: the
       proposer applies the range itself.
+    - ``critical_rows`` / ``critical_k``: critical-path drafting.  At every batch size the
+      ``critical_rows`` running requests with the longest outputs so far (and longer than every
+      other running request's) draft up to ``critical_k`` tokens (0 rows: off).  A synchronous
+      rollout ends when its longest response does, and under heavy-tailed lengths the responses
+      that have run longest are the likeliest to run longest still; drafting long for those few
+      rows costs a few tokens per step at a big batch instead of k per row (docs/simulator.md
+      has the projection that chose the defaults).
     """
 
     k: int = 3
@@ -90,6 +98,8 @@ class SpeculationConfig:
     history_tokens: int = 1 << 22
     history_responses: int = 4
     confident_match: int = 8
+    critical_rows: int = 0
+    critical_k: int = 16
 
     def __post_init__(self) -> None:
         if isinstance(self.k, bool) or not isinstance(self.k, int) or not 1 <= self.k <= 16:
@@ -104,8 +114,10 @@ class SpeculationConfig:
             raise ValueError(f"group_drafting must be true or false, got {self.group_drafting!r}")
         if self.draft_range is not None:
             object.__setattr__(self, "draft_range", checked_draft_range(self.draft_range))
-        for name, low in (("history_tokens", 0), ("history_responses", 1), ("confident_match", 0)):
+        for name, low in (("history_tokens", 0), ("history_responses", 1), ("confident_match", 0),
+                          ("critical_rows", 0)):
             check_int(name, getattr(self, name), low, 1 << 30)
+        check_int("critical_k", self.critical_k, 1, MAX_DRAFT_TOKENS)
 
     def effective_range(self) -> tuple[tuple[int, int], ...]:
         """The draft length by batch size in force: ``draft_range``, or k up to the threshold."""
@@ -113,9 +125,14 @@ class SpeculationConfig:
 
     def largest_draft(self) -> int:
         """vLLM's ``num_speculative_tokens``: the most drafts any step asks for."""
-        if self.draft_range is None or self.threshold_mode != "static":
-            return self.k
-        return max(k for _, k in self.draft_range)
+        base = self.k if self.draft_range is None or self.threshold_mode != "static" else \
+            max(k for _, k in self.draft_range)
+        return max(base, self.critical_k) if self.critical_rows else base
+
+    def drafts_past_the_range(self) -> bool:
+        """Whether some rows draft beyond the draft range (confident or critical-path drafts): then the
+        proposer applies the range itself, not vLLM's batch-size schedule."""
+        return bool(self.confident_match or self.critical_rows)
 
     def to_json(self) -> dict[str, Any]:
         """Plain data (for vLLM's additional_config and reports)."""
@@ -127,7 +144,8 @@ class SpeculationConfig:
         data = dict(data)
         policy = DraftPolicy.from_dict(data.pop("policy", {}))
         known = {"k", "threshold_mode", "threshold", "group_drafting", "sampled_requests", "draft_range",
-                 "history_tokens", "history_responses", "confident_match"}
+                 "history_tokens", "history_responses", "confident_match",
+                 "critical_rows", "critical_k"}
         unknown = set(data) - known
         if unknown:
             raise ValueError(f"unknown speculation settings: {sorted(unknown)}")
@@ -170,6 +188,28 @@ def parse_draft_range(text: str) -> tuple[tuple[int, int], ...]:
 LONG_TAIL_DRAFTS = 8  # drafts per step while at most CUDA_LONG_DRAFT_RUNNING requests run, on CUDA GPUs
 CUDA_LONG_DRAFT_RUNNING = 32  # CUDA: LONG_TAIL_DRAFTS drafts up to this many running requests
 CUDA_DRAFT_RUNNING = 256  # CUDA: k drafts up to this many running requests; none above
+
+
+CUDA_CRITICAL_PATH = (8, 8)  # CUDA: the 8 longest-running requests draft up to 8 tokens at every batch size
+
+
+def default_critical_path(setting: str, on_cuda: bool) -> tuple[int, int]:
+    """(rows, k) of critical-path drafting a server setting means: "auto", "none" (0 rows) or "ROWS:K".
+
+    auto: on CUDA GPUs ``(8, 8)``, chosen by the rollout simulator on an H100's cost table (docs/simulator.md:
+    it cut the projected Sky-T1 rollout by 4.2% and left the R1-distill one within 1%); elsewhere off (on the
+    CPU's table 8-token drafts for those rows cost more than they saved; Ascend NPUs have no table yet).
+    """
+    if setting == "none":
+        return 0, SpeculationConfig.critical_k
+    if setting == "auto":
+        return CUDA_CRITICAL_PATH if on_cuda else (0, SpeculationConfig.critical_k)
+    rows, sep, k = setting.strip().partition(":")
+    if not sep or not rows.strip().isdigit() or not k.strip().isdigit():
+        raise ValueError(f"critical path {setting!r}: write ROWS:K (e.g. 8:8), auto or none")
+    if not 1 <= int(k) <= MAX_DRAFT_TOKENS:
+        raise ValueError(f"critical path {setting!r}: K must be between 1 and {MAX_DRAFT_TOKENS}")
+    return int(rows), int(k)
 
 
 def default_draft_range(setting: str, k: int, threshold: int, on_cuda: bool) -> tuple[tuple[int, int], ...] | None:

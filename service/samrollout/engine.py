@@ -36,7 +36,8 @@ def vllm_speculative_config(speculation: SpeculationConfig) -> dict[str, Any]:
     keeps one for ``custom_class`` (0.32) and no confident drafting past the threshold needs more."""
     config: dict[str, Any] = {"method": "custom_class", "model": PROPOSER_CLASS,
                               "num_speculative_tokens": speculation.largest_draft()}
-    if speculation.threshold_mode == "static" and not speculation.confident_match and vllm_has_batch_size_schedule():
+    if (speculation.threshold_mode == "static" and not speculation.drafts_past_the_range()
+            and vllm_has_batch_size_schedule()):
         config[SCHEDULE_FIELD] = range_schedule(speculation.effective_range())
     return config
 

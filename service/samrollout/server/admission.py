@@ -80,6 +80,7 @@ class AdmissionScheduler:
             self.waiting.remove(entry)
             self._forget_if_idle(entry.group)
             m.SCHEDULER_WAITING.set(len(self.waiting))
+            m.REQUESTS_FINISHED.labels(finish_reason="abort").inc()  # it never reached the engine's counts
         elif entry.child_id in self.running:
             self.done(entry, None)
 
@@ -107,6 +108,8 @@ class AdmissionScheduler:
                 entry.admitted.set_result(False)
             self._forget_if_idle(entry.group)
         m.SCHEDULER_WAITING.set(len(self.waiting))
+        if ended:  # they never reached the engine, whose finished requests are counted from its statistics
+            m.REQUESTS_FINISHED.labels(finish_reason="abort").inc(len(ended))
         return len(ended)
 
     def status(self) -> dict[str, int]:

@@ -19,6 +19,7 @@ from samrollout.config import (
     ADDITIONAL_CONFIG_KEY,
     SpeculationConfig,
     ThresholdMode,
+    default_critical_path,
     default_draft_range,
     parse_draft_range,
 )
@@ -64,6 +65,10 @@ class ServerSettings(BaseSettings):
         SpeculationConfig.confident_match, ge=0, le=1 << 30,
         description="past the threshold, rows whose draft comes from a match of at least this many tokens "
         "still draft, at most --k tokens (0: off)")
+    critical_path: str = Field(
+        "auto", description='critical-path drafting, "ROWS:K": at every batch size the ROWS running requests '
+        "that have run longest (and longer than the rest) draft up to K tokens; \"none\": off; \"auto\": the "
+        "backend's projected default (CUDA: 8:8; CPU and NPU: none)")
     draft_history_responses: int = Field(
         SpeculationConfig.history_responses, ge=1, le=1024,
         description="earlier responses kept per prompt (the newest)")
@@ -91,8 +96,8 @@ class ServerSettings(BaseSettings):
     per_request_metrics: bool = Field(
         True, description="per-request timing and acceptance in responses (n = 1; vLLM 0.32 and 0.33, not 0.23)")
     rollout_scheduling: SchedulingPolicy = Field(
-        "fcfs", description="fcfs: requests enter the engine as they arrive (vLLM's order); length-aware: each "
-        "group's first sequence first, then the groups predicted longest (README: Scheduling)")
+        "length-aware", description="length-aware (default): each group's first sequence first, then the groups "
+        "predicted longest (docs: Scheduling); fcfs: requests enter the engine as they arrive (vLLM's order)")
     scheduling_history: int = Field(
         4096, ge=0, le=1_000_000, description="prompts whose response lengths length-aware scheduling remembers "
         "from earlier rollouts (LRU; 0: none)")
@@ -155,6 +160,12 @@ class ServerSettings(BaseSettings):
             parse_draft_range(value)  # raises ValueError saying how to write it
         return value
 
+    @field_validator("critical_path")
+    @classmethod
+    def _valid_critical_path(cls, value: str) -> str:
+        default_critical_path(value, on_cuda=False)  # raises ValueError saying how to write it
+        return value
+
     @field_validator("draft_policy")
     @classmethod
     def _valid_draft_policy(cls, value: dict[str, Any]) -> dict[str, Any]:
@@ -180,11 +191,13 @@ class ServerSettings(BaseSettings):
         if not self.speculation:
             return None
         draft_range = default_draft_range(self.draft_range, self.k, self.threshold, on_cuda)
+        critical_rows, critical_k = default_critical_path(self.critical_path, on_cuda)
         return SpeculationConfig(k=self.k, threshold_mode=self.threshold_mode, threshold=self.threshold,
                                  group_drafting=self.group_drafting, policy=DraftPolicy.from_dict(self.draft_policy),
                                  draft_range=draft_range, history_tokens=self.draft_history_tokens,
                                  history_responses=self.draft_history_responses,
-                                 confident_match=self.confident_match)
+                                 confident_match=self.confident_match, critical_rows=critical_rows,
+                                 critical_k=critical_k)
 
     def vllm_argv(self, model_path: str, on_cpu: bool, per_request_metrics_flags: bool = True,
                   on_cuda: bool = False) -> list[str]:
@@ -254,6 +267,7 @@ _FLAGS: dict[str, dict[str, Any]] = {
     "group_drafting": {"action": argparse.BooleanOptionalAction},
     "draft_history_tokens": {"type": int, "metavar": "TOKENS"},
     "confident_match": {"type": int, "metavar": "TOKENS"},
+    "critical_path": {"metavar": "auto|none|ROWS:K"},
     "draft_history_responses": {"type": int, "metavar": "N"},
     "draft_policy": {"type": lambda text: json_object(text, "--draft-policy"), "metavar": "JSON"},
     "max_model_len": {"type": int},

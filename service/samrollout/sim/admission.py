@@ -75,5 +75,6 @@ class Admission:
     def finished(self, instance: _Instance, seq: _Sequence) -> None:
         """A sequence finished: the server learns its length and admits the next."""
         scheduler = self._schedulers.get(id(instance))
-        if scheduler is not None:
-            scheduler.done(self._entries.pop(seq.index), seq.generated)
+        entry = self._entries.pop(seq.index, None)  # a moved sequence's later pieces bypass the schedulers
+        if scheduler is not None and entry is not None:
+            scheduler.done(entry, seq.generated)

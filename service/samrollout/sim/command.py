@@ -12,8 +12,12 @@ Replays real responses (at their real lengths) as one synchronous rollout per se
   ``samrollout-kN``: ours drafting N tokens up to the threshold; ``samrollout-tN``: threshold N;
   ``samrollout-cN``: confident drafts from matches of N+ tokens (0: none past the threshold);
   ``samrollout-rB.K-rB.K...``: the draft range, K tokens while at most B run (threshold: the last B);
+  ``samrollout-pN.K``: critical-path drafting, the N longest-running rows draft up to K tokens (N 0: off);
   ``samrollout-sP``: match_scale P/100 (a match of L tokens drafts at most P/100 * L); ``-mN``: min_match_length N;
-- a ``+length-aware`` suffix on any mode: the server's length-aware admission instead of fcfs.
+- a ``+length-aware`` or ``+fcfs`` suffix on any mode: the server's length-aware admission or fcfs
+  (default: fcfs for vLLM's modes and off, the server's default scheduling for ours);
+- then ``+divided`` (or ``+dividedN``): the client's divided rollout across ``--instances``, a
+  response moving after 1024 (N) tokens of its current piece to an instance with room.
 """
 
 from __future__ import annotations
@@ -42,8 +46,19 @@ from samrollout.replay.traces import (
 from samrollout.sim.cost import CostTable
 from samrollout.sim.rollout import SimResult, SimSettings, simulate
 
-DEFAULT_MODES = "off,ngram,suffix,samrollout,samrollout+length-aware"
-_MODE = re.compile(r"^(off|ngram|suffix|suffix-nocache|samrollout)((?:-[ktcsm]\d+|-r\d+\.\d+)*)(\+length-aware)?$")
+DEFAULT_MODES = "off,ngram,suffix,samrollout,samrollout+fcfs"
+_MODE = re.compile(r"^(off|ngram|suffix|suffix-nocache|samrollout)((?:-[ktcsm]\d+|-[rp]\d+\.\d+)*)"
+                   r"(\+length-aware|\+fcfs)?$")
+_DIVIDED = re.compile(r"\+divided(\d+)?$")
+DIVIDE_AFTER_TOKENS = 1024  # "+divided": the client's divide_after_tokens for the projection
+
+
+def divided_after(name: str) -> int | None:
+    """The ``divide_after_tokens`` a mode name's ``+divided[N]`` suffix asks for (None: not divided)."""
+    match = _DIVIDED.search(name)
+    if match is None:
+        return None
+    return int(match.group(1)) if match.group(1) else DIVIDE_AFTER_TOKENS
 
 
 def add_simulate_parser(commands: Any) -> None:
@@ -76,13 +91,14 @@ def add_simulate_parser(commands: Any) -> None:
 
 def mode_settings(name: str, device_kind: str) -> tuple[str, int, SpeculationConfig | None, str]:
     """(drafter kind, k, our config or None, scheduling) of a mode name; ValueError for unknown names."""
-    match = _MODE.match(name)
+    match = _MODE.match(_DIVIDED.sub("", name))
     if match is None:
         raise ValueError(f"unknown mode {name!r}: see `samrollout simulate --help`")
-    base, options, length_aware = match.groups()
-    scheduling = "length-aware" if length_aware else "fcfs"
+    base, options, order = match.groups()
+    scheduling = order[1:] if order else "fcfs"
     parts = [opt for opt in options.split("-") if opt]
-    values = {opt[0]: int(opt[1:]) for opt in parts if opt[0] != "r"}
+    values = {opt[0]: int(opt[1:]) for opt in parts if opt[0] not in "rp"}
+    critical = [tuple(int(x) for x in opt[1:].split(".")) for opt in parts if opt[0] == "p"]
     draft_range = tuple((int(a), int(b)) for a, b in (opt[1:].split(".") for opt in parts if opt[0] == "r"))
     if base in ("suffix", "suffix-nocache"):
         from samrollout.replay.registry import VLLM_SUFFIX_DEFAULT_K
@@ -94,8 +110,10 @@ def mode_settings(name: str, device_kind: str) -> tuple[str, int, SpeculationCon
         return base, 1, None, scheduling
     from samrollout.server.settings import ServerSettings
 
-    config = ServerSettings.model_validate({}).speculation_config(on_cuda=device_kind == "cuda")
+    server = ServerSettings.model_validate({})
+    config = server.speculation_config(on_cuda=device_kind == "cuda")
     assert config is not None
+    scheduling = order[1:] if order else server.rollout_scheduling
     if "t" in values:
         config = replace(config, threshold=values["t"],
                          draft_range=None if config.draft_range is None else
@@ -110,6 +128,8 @@ def mode_settings(name: str, device_kind: str) -> tuple[str, int, SpeculationCon
             min_match_length=values.get("m", config.policy.min_match_length)))
     if "c" in values:
         config = replace(config, confident_match=values["c"])
+    if critical:
+        config = replace(config, critical_rows=critical[-1][0], critical_k=critical[-1][1])
     return base, config.largest_draft(), config, scheduling
 
 
@@ -183,7 +203,8 @@ def project(path: str, which: str, groups: list[TraceGroup], earlier: list[Any],
     for mode, (kind, k, config, scheduling) in plans.items():
         started = time.perf_counter()
         results[mode] = simulate(groups, drafter_factory(kind, vocab, config, device_kind), k, cost,
-                                 replace(settings, scheduling=scheduling), mode, earlier)
+                                 replace(settings, scheduling=scheduling, divide_after_tokens=divided_after(mode)),
+                                 mode, earlier)
         seconds[mode] = time.perf_counter() - started
     responses = sum(len(g.responses) for g in groups)
     print(f"\n== {path} ({which}: {responses} responses in {len(groups)} groups), {settings.slots} slots x "

@@ -56,6 +56,11 @@ class _Sequence:
     admitted_at: int = -1           # admission order on its instance (newest preempted first)
     in_drafter: bool = False        # started in the drafter since its last (re)admission
     finish_s: float = 0.0
+    started_s: float = -1.0         # when it was first admitted
+    row_steps: int = 0              # steps it decoded in
+    piece_start: int = 0            # tokens it had when its current piece began (divided rollout)
+    moves: int = 0                  # times it moved to another instance
+    ready_s: float = 0.0            # not admitted before this (a moved sequence, from when it left)
     full: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int32))  # prompt + response
 
     def __post_init__(self) -> None:
@@ -76,25 +81,35 @@ class SimResult:
     tail_s: float = 0.0
     steps: int = 0
     decode_row_steps: int = 0
+    drafting_row_steps: int = 0     # row-steps that verified a draft (vLLM's spec_decode_num_drafts)
     tokens: int = 0
     drafted: int = 0
     accepted: int = 0
     preemptions: int = 0
+    moves: int = 0
     drafter_s: float = 0.0
     timeline: list[tuple[float, int]] = field(default_factory=list)  # (seconds, sequences unfinished)
+    critical: dict[str, float] = field(default_factory=dict)  # the last response to finish: its path
 
     @property
     def mean_acceptance_length(self) -> float:
         """Tokens per decoding row-step (accepted drafts plus the bonus token)."""
         return (self.decode_row_steps + self.accepted) / self.decode_row_steps if self.decode_row_steps else 0.0
 
+    @property
+    def drafted_acceptance_length(self) -> float:
+        """Tokens per row-step that verified a draft (vLLM's mean acceptance length metric)."""
+        return 1 + self.accepted / self.drafting_row_steps if self.drafting_row_steps else 1.0
+
     def as_dict(self) -> dict[str, Any]:
         """Plain data for the JSON report (the timeline downsampled)."""
         return {"makespan_s": self.makespan_s, "tail_s": self.tail_s, "steps": self.steps,
                 "tokens": self.tokens, "tokens_per_s": self.tokens / self.makespan_s if self.makespan_s else 0.0,
-                "mean_acceptance_length": self.mean_acceptance_length, "drafted": self.drafted,
+                "mean_acceptance_length": self.mean_acceptance_length,
+                "drafted_acceptance_length": self.drafted_acceptance_length, "drafted": self.drafted,
                 "accepted": self.accepted, "acceptance_rate": self.accepted / self.drafted if self.drafted else 0.0,
-                "preemptions": self.preemptions, "drafter_s": self.drafter_s,
+                "preemptions": self.preemptions, "moves": self.moves, "drafter_s": self.drafter_s,
+                "critical": self.critical,
                 "timeline": [[round(t, 4), n] for t, n in _downsample(self.timeline, TIMELINE_POINTS)]}
 
 
@@ -115,6 +130,7 @@ class SimSettings:
     scheduling: str = "fcfs"
     charge_drafter: bool = True
     tail_rows: int = 8
+    divide_after_tokens: int | None = None  # the client's divided rollout across instances (None: off)
 
 
 class _Instance:
@@ -161,17 +177,23 @@ async def _simulate(groups: Sequence[TraceGroup], drafter_factory: Callable[[], 
         instance = min((i for i in instances if i.running or i.waiting or admission.has_work(i)),
                        key=lambda i: i.clock)
         admission.release(instance)
+        if not instance.running and instance.waiting and instance.waiting[0].ready_s > instance.clock:
+            instance.clock = instance.waiting[0].ready_s  # idle until a moved sequence arrives
         prefill_tokens = 0
         admitted: list[_Sequence] = []
         used = sum(seq.context for seq in instance.running)
         while instance.waiting and len(instance.running) + len(admitted) < settings.slots:
             seq = instance.waiting[0]
+            if seq.ready_s > instance.clock:
+                break
             if budget is not None and used + seq.context + 1 > budget and (instance.running or admitted):
                 break
             instance.waiting.popleft()
             prefill_tokens += seq.context
             used += seq.context
             seq.admitted_at = instance.admissions
+            if seq.started_s < 0:
+                seq.started_s = instance.clock
             instance.admissions += 1
             admitted.append(seq)
         decoding = list(instance.running)
@@ -180,8 +202,10 @@ async def _simulate(groups: Sequence[TraceGroup], drafter_factory: Callable[[], 
             accepted = accepted_length(seq.draft, seq.truth, seq.generated, len(seq.draft))
             advance = min(accepted + 1, len(seq.truth) - seq.generated)
             result.drafted += len(seq.draft)
+            result.drafting_row_steps += bool(seq.draft)
             result.accepted += min(accepted, advance)
             result.decode_row_steps += 1
+            seq.row_steps += 1
             step_tokens += 1 + len(seq.draft)
             seq.new_tokens = seq.truth[seq.generated: seq.generated + advance]
             seq.generated += advance
@@ -216,6 +240,8 @@ async def _simulate(groups: Sequence[TraceGroup], drafter_factory: Callable[[], 
                 instance.drafter.remove(victim.index)
             instance.waiting.appendleft(victim)
             result.preemptions += 1
+        if settings.divide_after_tokens is not None and len(instances) > 1:
+            result.moves += _divide(instance, instances, settings.divide_after_tokens, admission)
         result.timeline.append((instance.clock, unfinished))
     result.tokens = sum(len(seq.truth) for seq in sequences)
     finish = sorted(seq.finish_s for seq in sequences)
@@ -223,7 +249,48 @@ async def _simulate(groups: Sequence[TraceGroup], drafter_factory: Callable[[], 
     tail_start = finish[-settings.tail_rows - 1] if len(finish) > settings.tail_rows else 0.0
     result.tail_s = result.makespan_s - tail_start
     result.timeline.sort()
+    if sequences:
+        last = max(sequences, key=lambda seq: seq.finish_s)
+        result.critical = {"length": len(last.truth), "started_s": last.started_s, "finish_s": last.finish_s,
+                           "steps": last.row_steps, "tokens_per_step": len(last.truth) / max(1, last.row_steps)}
     return result
+
+
+MAX_MOVES = 4  # as the client's samrollout_client.divided.MAX_MOVES
+MOVE_MARGIN = 2  # and its MOVE_MARGIN
+
+
+def _divide(source: _Instance, instances: Sequence[_Instance], after_tokens: int, admission: Any) -> int:
+    """The client's divided rollout (`samrollout_client.divided.move_target`): a running sequence whose
+    current piece has ``after_tokens`` tokens moves to the instance streaming the fewest where there is
+    room; there it re-prefills its prompt and tokens so far.  Returns how many moved."""
+    moved = 0
+    for seq in list(source.running):
+        if seq.generated - seq.piece_start < after_tokens or seq.moves >= MAX_MOVES:
+            continue
+        targets = [t for t in instances if t is not source and _has_room(source, t, admission)]
+        if not targets:
+            continue
+        target = min(targets, key=lambda t: len(t.running))
+        source.running.remove(seq)
+        if source.drafter is not None:
+            source.drafter.remove(seq.index)
+        admission.finished(source, seq)  # the source's server sees the piece end (cut short)
+        seq.draft, seq.in_drafter = [], False
+        seq.piece_start, seq.moves, seq.ready_s = seq.generated, seq.moves + 1, source.clock
+        target.waiting.append(seq)
+        moved += 1
+    return moved
+
+
+def _has_room(source: _Instance, target: _Instance, admission: Any) -> bool:
+    """`samrollout_client.divided.has_room`: nothing waits on the target, and it streams fewer."""
+    if target.waiting or admission.has_work(target):
+        return False
+    if len(source.running) - len(target.running) >= MOVE_MARGIN:
+        return True
+    source_waits = bool(source.waiting) or admission.has_work(source)
+    return source_waits and len(target.running) < len(source.running)
 
 
 def _draft(instance: _Instance) -> float:

@@ -5,7 +5,7 @@ The vLLM proposer (`samrollout.spec_decode.proposer.SamProposer`) adapts vLLM's 
 what a replay or a simulation reports is, by construction, what the engine's proposer does:
 catching up with each request's tokens (or rebuilding a sequence that got shorter), groups,
 joining earlier responses (the cross-epoch history), the threshold / draft-range gate, confident
-drafts past it, and the acceptance accounting.
+drafts past it, critical-path drafts for the longest-running rows, and the acceptance accounting.
 
 A step takes every row of the batch (rows that only prefilled carry ``sampled == 0`` and get no
 draft) and the ids of every request still in the batch; requests absent from it are freed (their
@@ -16,6 +16,7 @@ simulator its simulated time), which the adaptive gate turns into step times.
 from __future__ import annotations
 
 import bisect
+import heapq
 import time
 from collections import Counter
 from collections.abc import Collection, Hashable, Sequence
@@ -104,6 +105,7 @@ class _Counters:
     seeded_rows_skipped: int = 0
     confident_drafts: int = 0  # rows drafted past the threshold on a long match (confident_match)
     longest_confident_draft: int = 0
+    critical_drafts: int = 0  # rows drafted as the critical path (critical_rows), beyond the range
     history_joined_responses: int = 0
     propose_seconds: float = 0.0
     step_seconds_counts: list[int] = field(default_factory=lambda: [0] * (len(STEP_SECONDS_BUCKETS) + 1))
@@ -203,6 +205,8 @@ class DraftSession:
                 counters.confident_drafts += self._keep(drafts, ids, drafted_rows, confident,
                                                         min(self.confident_k, largest), rows)
                 counters.longest_confident_draft = max([counters.longest_confident_draft, *map(len, drafts)])
+            if self.config.critical_rows:
+                counters.critical_drafts += self._keep_critical(drafts, ids, drafted_rows, proposed, largest, rows)
         with_draft = [(request_id, i) for request_id, i in zip(ids, drafted_rows, strict=True) if drafts[i]]
         sources = self.drafter.last_sources([request_id for request_id, _ in with_draft]) if with_draft else []
         for request_id, i in zip(ids, drafted_rows, strict=True):
@@ -241,6 +245,25 @@ class DraftSession:
             drafts[i] = draft[:room]
             kept += 1
         return kept
+
+    def _keep_critical(self, drafts: list[list[int]], ids: list[Hashable], drafted_rows: list[int],
+                       proposed: list[list[int]], largest: int, rows: Sequence[StepRow]) -> int:
+        """The ``critical_rows`` rows that have run longest draft up to ``critical_k``: only rows whose output
+        is longer than every row left out (rows that started together are no evidence); how many got a
+        longer draft than the range gave them."""
+        count = self.config.critical_rows
+        if len(ids) <= count:
+            chosen = list(range(len(ids)))
+        else:
+            output = [rows[i].length - rows[i].prompt_length for i in drafted_rows]
+            ranked = heapq.nlargest(count + 1, range(len(ids)), key=output.__getitem__)
+            boundary = output[ranked[-1]]
+            chosen = [j for j in ranked[:-1] if output[j] > boundary]
+        chosen = [j for j in chosen if len(proposed[j]) > len(drafts[drafted_rows[j]])]
+        if not chosen:
+            return 0
+        return self._keep(drafts, [ids[j] for j in chosen], [drafted_rows[j] for j in chosen],
+                          [proposed[j] for j in chosen], min(self.config.critical_k, largest), rows)
 
     def _account(self, request_id: Hashable, sampled: int) -> None:
         """The previous draft's outcome: sampled = accepted + 1 bonus token."""
@@ -331,6 +354,8 @@ class DraftSession:
                 "active_requests": self.active_requests,
                 "confident_match": self.config.confident_match, "confident_drafts": c.confident_drafts,
                 "confident_k": self.confident_k, "longest_confident_draft": c.longest_confident_draft,
+                "critical_rows": self.config.critical_rows, "critical_k": self.config.critical_k,
+                "critical_drafts": c.critical_drafts,
                 "propose_seconds": c.propose_seconds, "step_seconds_counts": list(c.step_seconds_counts),
                 "last_step_drafted": self.last_step_drafted, "k": self.k, "threshold": self.config.threshold,
                 "draft_range": [list(pair) for pair in self.config.effective_range()],
