@@ -109,8 +109,9 @@ def client_for(server: ServerProcess) -> httpx.AsyncClient:
 
 
 async def running_requests(client: httpx.AsyncClient, rollout: str, count: int) -> None:
-    """Wait until ``count`` requests of ``rollout`` are in flight."""
-    deadline = time.monotonic() + 60
+    """Wait until ``count`` requests of ``rollout`` are in flight (the API process of a loaded 2-core
+    machine once took more than a minute to take eight)."""
+    deadline = time.monotonic() + 180
     while True:
         reply = await client.get(f"/v1/rollouts/{rollout}")
         if reply.status_code == 200 and reply.json()["in_flight"] >= count:
