@@ -175,9 +175,10 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     cost_path = Path(args.cost) if args.cost else work / "engine-cost-cpu.json"
-    if args.cost and "cost_table" in json.loads(read_text(cost_path)):  # an earlier report: the table it measured
+    given = json.loads(read_text(cost_path)) if args.cost else {}
+    if "cost_table" in given:  # an earlier report: the table it measured
         cost_path = work / "engine-cost-cpu.json"
-        cost_path.write_text(json.dumps(json.loads(read_text(Path(args.cost)))["cost_table"]))
+        cost_path.write_text(json.dumps(given["cost_table"]))
     if not args.cost:
         _run([sys.executable, str(HERE / "engine_cost.py"), *args.cost_args.split(), "--json", str(cost_path)])
     measured_path = Path(args.measured) if args.measured else work / "spec-engine.json"
