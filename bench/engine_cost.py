@@ -44,6 +44,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from plotting import save, subplots
+
 os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
 
 PROPOSER = "samrollout.sim.fixed_draft.FixedDraftProposer"
@@ -335,16 +337,11 @@ def print_table(result: dict[str, Any], qs: list[int]) -> None:
 
 def plot(result: dict[str, Any], qs: list[int], path: str) -> None:
     """Step time (top) and t(q)/t(1) (bottom) against B, one line per q, one column per L."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     points = [p for p in result["points"] if p["status"] == "ok"]
     lengths = sorted({p["L"] for p in points})
     if not lengths:
         return
-    fig, axes = plt.subplots(2, len(lengths), figsize=(5.5 * len(lengths), 8), squeeze=False, sharex=True)
+    fig, axes = subplots(2, len(lengths), figsize=(5.5 * len(lengths), 8), squeeze=False, sharex=True)
     for col, length in enumerate(lengths):
         rows = sorted((p for p in points if p["L"] == length), key=lambda p: p["B"])
         for index, q in enumerate(qs):
@@ -367,9 +364,7 @@ def plot(result: dict[str, Any], qs: list[int], path: str) -> None:
     env = result["environment"]
     fig.suptitle(f"vLLM {env['vllm']} engine step, {env['model']} ({env.get('dtype', '?')})\n"
                  f"{env['device_name']}, {env['cpu_threads']} cores", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save(fig, path)
 
 
 def int_list(text: str) -> list[int]:

@@ -33,8 +33,8 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "tests"))  # server_process: start/stop servers
+from plotting import save, subplots
+
 PATHS = ("served", "engine", "served_no_spec", "engine_no_spec", "vllm_serve")
 OUTPUT_LENGTHS = (64, 128, 192, 256)
 REQUESTS_PER_LEVEL = {1: 4, 16: 32, 64: 64}
@@ -133,9 +133,10 @@ def vllm_serve_command(model: str, args: argparse.Namespace) -> tuple[Callable[[
     from vllm.platforms import current_platform
 
     from samrollout.cpu_defaults import THREADS_BIND_ENV, worker_threads_bind
+    from samrollout.server.vllm_argv import vllm_argv
 
     settings = _settings(model, args, speculation=False)
-    ours = settings.vllm_argv(model, current_platform.is_cpu(), per_request_metrics_flags=False)
+    ours = vllm_argv(settings, model, current_platform.is_cpu(), per_request_metrics_flags=False)
     keep = {"--dtype", "--gpu-memory-utilization", "--max-model-len", "--seed", "--tensor-parallel-size"}
     engine_flags = [flag for i, flag in enumerate(ours) if flag in keep or (i > 0 and ours[i - 1] in keep)]
     engine_flags += [flag for flag in ours if flag in ("--enforce-eager", "--no-enable-chunked-prefill")]
@@ -151,7 +152,7 @@ def vllm_serve_command(model: str, args: argparse.Namespace) -> tuple[Callable[[
 
 def measure_path(path: str, model: str, args: argparse.Namespace) -> dict[int, dict[str, float]]:
     """One path's results (servers are started and stopped here)."""
-    from server_process import start_command, start_server
+    from samrollout.testing import start_command, start_server
 
     if path.startswith("engine"):
         return asyncio.run(measure_engine(model, args, speculation=path == "engine"))
@@ -189,13 +190,8 @@ def ratios(results: dict[str, dict[int, dict[str, float]]], concurrency: int) ->
 
 def write_plot(result: dict[str, Any], path: str) -> None:
     """Tokens/s and mean latency per concurrency, one line per path."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     levels = [row["concurrency"] for row in result["rows"]]
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    fig, axes = subplots(1, 2, figsize=(11, 4))
     for name in result["paths"]:
         axes[0].plot(levels, [row[name]["tokens_per_s"] for row in result["rows"]], marker="o", label=name)
         axes[1].plot(levels, [row[name]["mean_ms"] / 1000 for row in result["rows"]], marker="o", label=name)
@@ -207,9 +203,7 @@ def write_plot(result: dict[str, Any], path: str) -> None:
         axis.legend(fontsize=8)
     fig.suptitle(f"served vs engine vs vllm serve ({result['model_kind']}, greedy, ignore_eos, "
                  f"{min(OUTPUT_LENGTHS)}-{max(OUTPUT_LENGTHS)} tokens)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save(fig, path)
 
 
 def main() -> None:

@@ -6,35 +6,41 @@ For each server mode (SAM off, SAM with the adaptive threshold) it starts `samro
 serve` with the built-in model, runs the same rollout (the arithmetic prompts of
 `examples/grpo_loop.py`, same seeds) through `samrollout_client` at each temperature,
 and reports the server's rollout summary.  On vLLM's CPU backend SAM drafts only for
-greedy requests (see README), so the temperature-1.0 rows show what the threshold costs
+greedy requests (see docs/tuning.md), so the temperature-1.0 rows show what the threshold costs
 when nothing is drafted, and the greedy rows what drafting gains.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import random
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "examples")]
 
 MODES = {"off": ["--no-speculation"], "sam": ["--threshold-mode", "adaptive"],
          # vLLM turns async scheduling off for custom_class proposers: this isolates that cost.
          "off-sync": ["--no-speculation", "--", "--no-async-scheduling"]}
 
 
+def _grpo_loop() -> Any:
+    """examples/grpo_loop.py as a module (an example script, not a package): its prompts are the workload."""
+    spec = importlib.util.spec_from_file_location("grpo_loop", ROOT / "examples" / "grpo_loop.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def run_rollout(url: str, args: argparse.Namespace, temperature: float, rollout_id: str) -> dict[str, Any]:
     """One rollout of groups x n through the client; the server's summary plus client-side wall time."""
-    from grpo_loop import make_questions
-
     from samrollout_client import RolloutClient, Sampling
 
-    questions = make_questions(args.groups, random.Random(args.seed))
+    questions = _grpo_loop().make_questions(args.groups, random.Random(args.seed))
     with RolloutClient(url, model="smollm2-135m-instruct", max_in_flight=args.max_in_flight) as client:
         start = time.perf_counter()
         client.generate([q for q, _ in questions], n=args.n, rollout_id=rollout_id,
@@ -58,7 +64,7 @@ def main() -> None:
     parser.add_argument("--json", dest="json_path")
     args = parser.parse_args()
 
-    from server_process import start_server
+    from samrollout.testing import start_server
 
     rows = []
     for mode in args.modes:

@@ -73,15 +73,15 @@ import sys
 import threading
 import time
 from collections import defaultdict
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import httpx
 
+from plotting import save, subplots
+
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "tests"))  # server_process: start/stop servers
-sys.path.insert(0, str(HERE.parent / "clients"))
 TRACES = HERE.parent.parent / "shared" / "data" / "reasoning-traces" / "skyt1-ckpt-aime24.jsonl.gz"
 SINGLE = ("fcfs", "length-aware", "fcfs+sam", "length-aware+sam")
 # vLLM's own priority scheduling, as a trainer could drive it: every request goes to the engine at once with
@@ -363,7 +363,7 @@ def pinned_server(args: list[str], log: Path, cores: list[int]) -> Any:
     `taskset` pins the processes; ``VLLM_CPU_OMP_THREADS_BIND`` puts the worker's threads on the
     same cores (one per core), as on a machine of its own.
     """
-    from server_process import start_command
+    from samrollout.testing import start_command
 
     listed = ",".join(str(core) for core in cores)
     return start_command(lambda port: ["taskset", "-c", listed, sys.executable, "-m", "samrollout.cli", "serve",
@@ -386,11 +386,27 @@ def server_args(model: str, scheduling: str, sam: bool, slots: int, kv_cache_gib
     return [*args, "--", *engine]
 
 
-def main() -> None:
-    """Start the servers, run every mode in rotated order each round, print the table, write JSON and a plot."""
-    from samrollout_client.placement import LengthHistory, place_by_predicted_work
-    from server_process import start_server
+@dataclass(frozen=True)
+class Plan:
+    """What a run measures: the modes (in the order given), the workload and its number of groups."""
 
+    modes: list[str]
+    workload: list[Response]
+    groups: int
+
+
+@dataclass
+class Measurements:
+    """What `run` measured, for `report`."""
+
+    rates: dict[str, Any]  # `lower_bound`'s terms
+    bound_mode: str  # the server the bound ran on: the fcfs mode's, else one of its own ("bound")
+    rounds: dict[str, list[dict[str, Any]]]  # per mode, one record per round
+    packed_rounds: list[float] = field(default_factory=list)  # the packed workload's makespan per round
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line (the module docstring says what it measures)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--traces", type=Path, nargs="+", default=[TRACES])
     parser.add_argument("--groups", type=int, default=32)
@@ -416,7 +432,11 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=HERE / "results" / "scheduling-cpu.json")
     parser.add_argument("--plot", type=Path, default=None)
     parser.add_argument("--logs", type=Path, default=Path("/tmp/samrollout-bench-scheduling"))
-    args = parser.parse_args()
+    return parser.parse_args(argv)
+
+
+def plan(args: argparse.Namespace) -> Plan:
+    """The modes to run (unknown ones refused) and the workload from the traces; prints the workload's size."""
     modes = [m for m in args.modes.split(",") if m]
     unknown = set(modes) - set(SINGLE + PRIORITY + PAIRED)
     if unknown:
@@ -426,109 +446,150 @@ def main() -> None:
     lengths = [r.length for r in workload]
     print(f"workload: {groups} groups, {len(workload)} responses, {sum(lengths)} tokens, longest {max(lengths)}, "
           f"median {statistics.median(lengths)}; {args.max_num_seqs} slots", flush=True)
+    return Plan(modes, workload, groups)
 
-    servers: dict[str, Any] = {}
+
+def start_servers(args: argparse.Namespace, modes: list[str], memory: MemoryWatch,
+                  servers: dict[str, list[Any]]) -> str:
+    """Start every mode's server(s) into ``servers`` (filled as they start, so that the caller can stop them
+    whatever happens), checking memory after each; returns the mode whose server the bound runs on.
+
+    The bound runs without SAM under fcfs: on the fcfs mode's server, else on one of its own ("bound").
+    """
+    from samrollout.testing import start_server
+
+    for mode in modes:
+        if mode in SINGLE:
+            scheduling, sam = mode.removesuffix("+sam"), mode.endswith("+sam")
+            servers[mode] = [start_server(server_args(args.model, scheduling, sam, args.max_num_seqs,
+                                                      args.kv_cache_gib, args.kv_blocks),
+                                          args.logs / f"{mode}.log")]
+        elif mode in PRIORITY:
+            servers[mode] = [start_server(server_args(args.model, "fcfs", False, args.max_num_seqs,
+                                                      args.kv_cache_gib, args.kv_blocks, priority=True),
+                                          args.logs / f"{mode}.log")]
+        else:
+            continue
+        print(f"started {mode} ({memory.available():.1f} GiB of memory left)", flush=True)
+        require_memory(memory, mode)
+    if any(m in PAIRED for m in modes):
+        pair = [pinned_server(server_args(args.model, "length-aware", True, args.max_num_seqs // 2,
+                                          args.kv_cache_gib, args.kv_blocks), args.logs / f"pair-{i}.log", cores)
+                for i, cores in enumerate(split_cores(2))]
+        for mode in PAIRED:
+            servers[mode] = pair
+        print(f"started the 2-server pair ({memory.available():.1f} GiB of memory left)", flush=True)
+        require_memory(memory, "the 2-server pair")
+    bound_mode = "fcfs" if "fcfs" in servers else "bound"
+    if bound_mode == "bound":
+        servers[bound_mode] = [start_server(server_args(args.model, "fcfs", False, args.max_num_seqs,
+                                                        args.kv_cache_gib), args.logs / "bound.log")]
+        require_memory(memory, "the bound's server")
+    return bound_mode
+
+
+def placement_of(mode: str, history: Any, groups: int, group_size: int) -> list[int]:
+    """Each group's server (index into the mode's servers) as the client places it under ``mode``.
+
+    ``history`` is the client's `LengthHistory` of earlier rounds (predicted-work placement reads it).
+    """
+    from samrollout_client.placement import place_by_predicted_work
+
+    if mode in ("2x-predicted-work", "2x-divided"):
+        predicted = [history.predict(str(g)) for g in range(groups)]
+        placement: list[int] = place_by_predicted_work([None if p is None else p * group_size for p in predicted], 2)
+        return placement
+    if mode == "2x-least-outstanding":
+        return [g % 2 for g in range(groups)]
+    return [0] * groups
+
+
+def run_mode_round(args: argparse.Namespace, planned: Plan, mode: str, urls: list[str], step: list[Response],
+                   round_index: int, history: Any, memory: MemoryWatch) -> dict[str, Any]:
+    """One round of one mode: ``step`` (the round's arrival order) rolled out on its servers; the round's record,
+    printed."""
+    placement = placement_of(mode, history, planned.groups, args.group_size)
+    rollout = f"r{round_index}-{mode}"
+    preempted_before = sum(preemptions(url) for url in urls)
+    memory.reset()
+    if mode == "2x-divided":
+        result = asyncio.run(run_divided_rollout(urls, placement, step, rollout, args.max_len + 16,
+                                                 args.temperature, round_index, args.divide_after_tokens))
+    else:
+        priorities = ([-round(history.predict(str(g)) or 0) for g in range(planned.groups)]
+                      if mode in PRIORITY else None)
+        result = asyncio.run(run_rollout(urls, placement, step, rollout, args.max_len + 16,
+                                         args.temperature, round_index, priorities))
+    times = result["times"]
+    slots = args.max_num_seqs
+    record = {"round": round_index, "makespan_s": result["makespan_s"],
+              "tail_s": tail_seconds(times, slots),
+              "mean_queue_s": statistics.fmean(t["first"] for t in times),
+              "p90_queue_s": sorted(t["first"] for t in times)[int(0.9 * len(times))]}
+    record["preemptions"] = sum(preemptions(url) for url in urls) - preempted_before
+    record["lowest_available_memory_gib"] = round(memory.lowest_since_reset(), 2)
+    if "moves" in result:
+        record["moves"] = result["moves"]
+    moves = f"  moves {record['moves']}" if "moves" in record else ""
+    low = record["lowest_available_memory_gib"]
+    short = "  MEMORY SHORT: this round is not a fair measurement" if low < MEMORY_FLOOR_GIB else ""
+    print(f"round {round_index} {mode:22s} makespan {record['makespan_s']:7.2f} s  tail "
+          f"{record['tail_s']:6.2f} s  mean queue {record['mean_queue_s']:6.2f} s  preemptions "
+          f"{record['preemptions']:.0f}{moves}  memory left >= {low:.1f} GiB{short}", flush=True)
+    return record
+
+
+def run(args: argparse.Namespace, planned: Plan) -> Measurements:
+    """Start the servers and measure the bound, then run the packed workload and every mode in rotated order each
+    round; every server is stopped at the end (or on an error)."""
+    from samrollout_client.placement import LengthHistory
+
+    servers: dict[str, list[Any]] = {}
     memory = MemoryWatch()
     try:
-        for mode in modes:
-            if mode in SINGLE:
-                scheduling, sam = mode.removesuffix("+sam"), mode.endswith("+sam")
-                servers[mode] = [start_server(server_args(args.model, scheduling, sam, args.max_num_seqs,
-                                                          args.kv_cache_gib, args.kv_blocks),
-                                              args.logs / f"{mode}.log")]
-            elif mode in PRIORITY:
-                servers[mode] = [start_server(server_args(args.model, "fcfs", False, args.max_num_seqs,
-                                                          args.kv_cache_gib, args.kv_blocks, priority=True),
-                                              args.logs / f"{mode}.log")]
-            else:
-                continue
-            print(f"started {mode} ({memory.available():.1f} GiB of memory left)", flush=True)
-            require_memory(memory, mode)
-        if any(m in PAIRED for m in modes):
-            pair = [pinned_server(server_args(args.model, "length-aware", True, args.max_num_seqs // 2,
-                                              args.kv_cache_gib, args.kv_blocks), args.logs / f"pair-{i}.log", cores)
-                    for i, cores in enumerate(split_cores(2))]
-            for mode in PAIRED:
-                servers[mode] = pair
-            print(f"started the 2-server pair ({memory.available():.1f} GiB of memory left)", flush=True)
-            require_memory(memory, "the 2-server pair")
-        # The bound runs without SAM under fcfs: on the fcfs mode's server, else on one of its own.
-        bound_mode = "fcfs" if "fcfs" in servers else "bound"
-        if bound_mode == "bound":
-            servers[bound_mode] = [start_server(server_args(args.model, "fcfs", False, args.max_num_seqs,
-                                                            args.kv_cache_gib), args.logs / "bound.log")]
-            require_memory(memory, "the bound's server")
+        bound_mode = start_servers(args, planned.modes, memory, servers)
         bound_url = servers[bound_mode][0].url
-        rates: dict[str, Any] = asyncio.run(lower_bound(bound_url, workload, args.max_num_seqs, args.temperature))
+        rates: dict[str, Any] = asyncio.run(lower_bound(bound_url, planned.workload, args.max_num_seqs,
+                                                        args.temperature))
         print(f"longest alone {rates['longest_alone_s']:.1f} s; total work over slots extrapolated from one full "
               f"batch {rates['total_over_slots_s']:.1f} s (measured each round: packed)", flush=True)
-        packed = arrival_order(packed_workload(workload), "file", 0)
-        packed_rounds: list[float] = []
+        packed = arrival_order(packed_workload(planned.workload), "file", 0)
+        measured = Measurements(rates, bound_mode, {m: [] for m in planned.modes})
 
         history = LengthHistory()
-        rounds: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
-        cycle = ["packed", *modes]
+        cycle = ["packed", *planned.modes]
         for round_index in range(args.rounds):
             order = cycle[round_index % len(cycle):] + cycle[:round_index % len(cycle)]
-            step = arrival_order(workload, args.order, round_index)
+            step = arrival_order(planned.workload, args.order, round_index)
             for mode in order:
                 if mode == "packed":
-                    result = asyncio.run(run_rollout([bound_url], [0] * groups, packed,
+                    result = asyncio.run(run_rollout([bound_url], [0] * planned.groups, packed,
                                                      f"r{round_index}-packed", args.max_len + 16, args.temperature,
                                                      round_index))
-                    packed_rounds.append(result["makespan_s"])
+                    measured.packed_rounds.append(result["makespan_s"])
                     print(f"round {round_index} {'packed (bound)':22s} makespan {result['makespan_s']:7.2f} s",
                           flush=True)
                     continue
                 urls = [s.url for s in servers[mode]]
-                if mode in ("2x-predicted-work", "2x-divided"):
-                    predicted = [history.predict(str(g)) for g in range(groups)]
-                    placement = place_by_predicted_work(
-                        [None if p is None else p * args.group_size for p in predicted], 2)
-                elif mode == "2x-least-outstanding":
-                    placement = [g % 2 for g in range(groups)]
-                else:
-                    placement = [0] * groups
-                rollout = f"r{round_index}-{mode}"
-                preempted_before = sum(preemptions(url) for url in urls)
-                memory.reset()
-                if mode == "2x-divided":
-                    result = asyncio.run(run_divided_rollout(urls, placement, step, rollout, args.max_len + 16,
-                                                             args.temperature, round_index, args.divide_after_tokens))
-                else:
-                    priorities = ([-round(history.predict(str(g)) or 0) for g in range(groups)]
-                                  if mode in PRIORITY else None)
-                    result = asyncio.run(run_rollout(urls, placement, step, rollout, args.max_len + 16,
-                                                     args.temperature, round_index, priorities))
-                times = result["times"]
-                slots = args.max_num_seqs
-                record = {"round": round_index, "makespan_s": result["makespan_s"],
-                          "tail_s": tail_seconds(times, slots),
-                          "mean_queue_s": statistics.fmean(t["first"] for t in times),
-                          "p90_queue_s": sorted(t["first"] for t in times)[int(0.9 * len(times))]}
-                record["preemptions"] = sum(preemptions(url) for url in urls) - preempted_before
-                record["lowest_available_memory_gib"] = round(memory.lowest_since_reset(), 2)
-                if "moves" in result:
-                    record["moves"] = result["moves"]
-                rounds[mode].append(record)
-                moves = f"  moves {record['moves']}" if "moves" in record else ""
-                low = record["lowest_available_memory_gib"]
-                short = "  MEMORY SHORT: this round is not a fair measurement" if low < MEMORY_FLOOR_GIB else ""
-                print(f"round {round_index} {mode:22s} makespan {record['makespan_s']:7.2f} s  tail "
-                      f"{record['tail_s']:6.2f} s  mean queue {record['mean_queue_s']:6.2f} s  preemptions "
-                      f"{record['preemptions']:.0f}{moves}  memory left >= {low:.1f} GiB{short}", flush=True)
-                for g in range(groups):  # the client learns each group's lengths, as RolloutClient does
-                    history.record(str(g), [r.length for r in workload if r.group == g])
+                measured.rounds[mode].append(run_mode_round(args, planned, mode, urls, step, round_index, history,
+                                                            memory))
+                for g in range(planned.groups):  # the client learns each group's lengths, as RolloutClient does
+                    history.record(str(g), [r.length for r in planned.workload if r.group == g])
     finally:
         memory.stop()
         for pair_or_one in {id(v): v for v in servers.values()}.values():
             for server in pair_or_one:
                 server.stop()
+    return measured
 
+
+def report(args: argparse.Namespace, planned: Plan, measured: Measurements) -> None:
+    """The bound and every mode's medians: printed as a table, written as JSON (and plotted with ``--plot``)."""
+    rates, packed_rounds, workload = measured.rates, measured.packed_rounds, planned.workload
     rates["packed_rounds_s"] = packed_rounds
     rates["packed_makespan_s"] = statistics.median(packed_rounds)
     rates["bound_s"] = bound = bound_of(rates)
-    rates["bound_server"] = bound_mode
+    rates["bound_server"] = measured.bound_mode
     summary = {mode: {"makespan_s": statistics.median(r["makespan_s"] for r in rs),
                       "cold_makespan_s": rs[0]["makespan_s"],
                       "warm_makespan_s": statistics.median(r["makespan_s"] for r in rs[1:]) if len(rs) > 1 else None,
@@ -536,7 +597,7 @@ def main() -> None:
                       "mean_queue_s": statistics.median(r["mean_queue_s"] for r in rs),
                       "preemptions": sum(r["preemptions"] for r in rs),
                       "lowest_available_memory_gib": min(r["lowest_available_memory_gib"] for r in rs),
-                      "rounds": rs} for mode, rs in rounds.items()}
+                      "rounds": rs} for mode, rs in measured.rounds.items()}
     print(f"\nlower bound {bound:.2f} s: the larger of the longest response alone ({rates['longest_alone_s']:.2f} s) "
           f"and the lower of the packed workload ({rates['packed_makespan_s']:.2f} s, median of {packed_rounds}) "
           f"and its extrapolation from one full batch ({rates['total_over_slots_s']:.2f} s)")
@@ -548,8 +609,9 @@ def main() -> None:
         ratio = f"{s['makespan_s'] / base:6.2f}" if base else "     -"
         print(f"{mode:22s} {s['makespan_s']:10.2f} {s['cold_makespan_s']:7.2f} {warm} {s['tail_s']:7.2f} "
               f"{s['mean_queue_s']:8.2f} {ratio} {s['makespan_s'] / bound:7.2f} {s['preemptions']:9.0f}")
+    lengths = [r.length for r in workload]
     out = {"command": " ".join(sys.argv), "workload": {
-        "traces": [str(p.name) for p in args.traces], "groups": groups, "group_size": args.group_size,
+        "traces": [str(p.name) for p in args.traces], "groups": planned.groups, "group_size": args.group_size,
         "responses": len(workload), "tokens": sum(lengths), "longest": max(lengths),
         "median": statistics.median(lengths), "max_num_seqs": args.max_num_seqs, "model": args.model,
         "order": args.order, "temperature": args.temperature, "divide_after_tokens": args.divide_after_tokens,
@@ -562,16 +624,18 @@ def main() -> None:
         plot(summary, rates, args.plot)
 
 
+def main() -> None:
+    """Start the servers, run every mode in rotated order each round, print the table, write JSON and a plot."""
+    args = parse_args()
+    planned = plan(args)
+    report(args, planned, run(args, planned))
+
+
 def plot(summary: dict[str, dict[str, Any]], rates: dict[str, Any], path: Path) -> None:
     """Bars: median makespan per mode (each round as a dot); the lower bound and the packed workload's median as
     lines (the label also gives the one-batch extrapolation)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     modes = list(summary)
-    fig, ax = plt.subplots(figsize=(9, 4.5))
+    fig, ax = subplots(figsize=(9, 4.5))
     ax.bar(range(len(modes)), [summary[m]["makespan_s"] for m in modes], color="#4c72b0", alpha=0.8,
            label="median makespan")
     ax.bar(range(len(modes)), [summary[m]["tail_s"] for m in modes], color="#dd8452", alpha=0.8, width=0.5,
@@ -588,8 +652,7 @@ def plot(summary: dict[str, dict[str, Any]], rates: dict[str, Any], path: Path) 
     ax.set_ylabel("seconds")
     ax.set_title("Rollout makespan by scheduling (dots: rounds)")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save(fig, path)
 
 
 if __name__ == "__main__":

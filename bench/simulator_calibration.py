@@ -42,6 +42,8 @@ from pathlib import Path
 from statistics import median
 from typing import Any
 
+from plotting import save, subplots
+
 HERE = Path(__file__).resolve().parent
 DEFAULT_MODES = "off,sam-static,sam-static-only,sam-always,sam-adaptive,ngram,suffix"
 
@@ -224,12 +226,7 @@ def main() -> None:
 
 def plot(modes: dict[str, dict[str, Any]], path: str) -> None:
     """Measured (rounds and median) against simulated makespan per mode."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(8, 4.5))
+    fig, ax = subplots(figsize=(8, 4.5))
     names = list(modes)
     for i, name in enumerate(names):
         row = modes[name]
@@ -241,8 +238,7 @@ def plot(modes: dict[str, dict[str, Any]], path: str) -> None:
     ax.set_title("simulator calibration on the CPU engine (spec_engine rollout)")
     ax.grid(alpha=0.3)
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save(fig, path)
 
 
 if __name__ == "__main__":

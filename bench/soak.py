@@ -48,8 +48,8 @@ from typing import Any
 
 import httpx
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "tests"))  # server_process: start/stop servers
+from plotting import save, subplots
+
 API_KEY = "soak-key"
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 PHASES = ("steady", "burst", "cut_streams", "aborts", "pause")
@@ -229,6 +229,8 @@ def _proc_stats(pid: int) -> dict[str, float] | None:
 async def sampler(url: str, root: int, samples: list[dict[str, Any]], start: float, every_s: float,
                   stop: asyncio.Event) -> None:
     """Sample the API process and the engine processes (summed) and /health until ``stop``."""
+    from samrollout.spec_decode.stats import ProposerStats
+
     async with httpx.AsyncClient(timeout=30) as http:
         while not stop.is_set():
             api = _proc_stats(root) or {}
@@ -241,9 +243,10 @@ async def sampler(url: str, root: int, samples: list[dict[str, Any]], start: flo
                 status = (await http.get(f"{url}/admin/status", headers=AUTH)).json()
             except (httpx.HTTPError, ValueError):
                 healthy, status = False, {}
-            history = (status.get("drafter") or {}).get("history") or {}
+            drafter = status.get("drafter")  # {} with speculation off, absent when the server did not answer
+            history = ProposerStats.from_json(drafter).history if drafter else None
             samples.append({"t_s": time.perf_counter() - start, "healthy": healthy,
-                            "history_tokens": history.get("tokens"),
+                            "history_tokens": None if history is None else history.tokens,
                             "held_sequences": (status.get("queue") or {}).get("held_sequences"),
                             **{f"api_{k}": v for k, v in api.items()}, **{f"engine_{k}": v for k, v in engine.items()}})
             with contextlib.suppress(TimeoutError):
@@ -344,12 +347,7 @@ async def run_load(url: str, model_dir: Path, nan_dir: Path, args: argparse.Name
 
 def write_plot(samples: list[dict[str, Any]], path: str, warmup_s: float) -> None:
     """RSS, descriptors and threads of the API and engine processes over time."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(3, 1, figsize=(9, 8), sharex=True)
+    fig, axes = subplots(3, 1, figsize=(9, 8), sharex=True)
     minutes = [s["t_s"] / 60 for s in samples]
     for axis, key, label in zip(axes, ("rss_mb", "fds", "threads"), ("RSS (MB)", "open descriptors", "threads"),
                                 strict=True):
@@ -360,8 +358,7 @@ def write_plot(samples: list[dict[str, Any]], path: str, warmup_s: float) -> Non
         axis.legend(loc="upper left")
     axes[-1].set_xlabel("minutes")
     fig.suptitle("samrollout soak: mixed load, weight pushes, bad requests (built-in model, CPU)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save(fig, path)
 
 
 def main() -> None:
@@ -381,7 +378,7 @@ def main() -> None:
     from safetensors.torch import load_file, save_file
 
     from samrollout.models import ensure_smollm2
-    from server_process import start_server
+    from samrollout.testing import start_server
 
     model_dir = ensure_smollm2()
     work = Path(tempfile.mkdtemp(prefix="samrollout-soak-"))

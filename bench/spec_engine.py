@@ -96,9 +96,9 @@ def _engine_args(mode: str, k: int, threshold: int) -> dict[str, Any]:
     return engine_kwargs(model, config, **base)
 
 
-def proposer_stats(worker: Any) -> dict[str, float]:
-    """The SAM proposer's counters (runs inside the worker)."""
-    result: dict[str, float] = worker.model_runner.drafter.stats()
+def proposer_stats(worker: Any) -> dict[str, Any]:
+    """The SAM proposer's counters and settings (runs inside the worker), as `ProposerStats.to_json`."""
+    result: dict[str, Any] = worker.model_runner.drafter.stats().to_json()
     return result
 
 
@@ -131,6 +131,7 @@ def run_mode(mode: str, args: argparse.Namespace) -> dict[str, Any]:
     from vllm import LLM, SamplingParams
 
     from samrollout.engine import use_every_cpu_core
+    from samrollout.spec_decode.stats import ProposerStats
 
     use_every_cpu_core()  # every mode's worker gets the cores the server gives it
     llm = LLM(**_engine_args(mode, args.k, args.threshold))
@@ -185,10 +186,9 @@ def run_mode(mode: str, args: argparse.Namespace) -> dict[str, Any]:
                       "sequences": sorted(sequences, key=lambda seq: seq["request"])}
     setting = MODES[mode]
     if setting is not None and setting["method"] == "sam":
-        proposer = llm.collective_rpc(proposer_stats)[0]
-        out["drafter_us_per_step"] = 1e6 * proposer["propose_seconds"] / max(1, proposer["steps"])
-        out["gate"] = {bucket: {key: (None if value != value else value) for key, value in row.items()}
-                       for bucket, row in proposer.get("gate", {}).items()}  # NaN -> null
+        proposer = ProposerStats.from_json(llm.collective_rpc(proposer_stats)[0])
+        out["drafter_us_per_step"] = 1e6 * proposer.propose_seconds / max(1, proposer.steps)
+        out["gate"] = proposer.to_json()["gate"]  # a rate never measured (NaN) as null
     return out
 
 

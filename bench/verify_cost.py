@@ -80,6 +80,8 @@ from transformers import (
 )
 from transformers import __version__ as transformers_version
 
+from plotting import save, subplots
+
 PRESETS: dict[str, tuple[type[PretrainedConfig], dict[str, Any]]] = {
     "smollm2-135m": (LlamaConfig, {"hidden_size": 576, "num_hidden_layers": 30, "num_attention_heads": 9,
                                    "num_key_value_heads": 3, "intermediate_size": 1536, "vocab_size": 49152,
@@ -356,17 +358,12 @@ def print_table(result: dict[str, Any], ks: list[int], mals: list[float], mal_k:
 
 def plot(result: dict[str, Any], ks: list[int], mals: list[float], path: str) -> None:
     """Ratio vs batch size, one line per k (and per model), one panel per L, MALs as horizontal lines."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     points = [p for p in result["points"] if p["status"] == "ok"]
     lengths = sorted({p["L"] for p in points})
     models = list(dict.fromkeys(p["model"] for p in points))
     if not lengths:
         return
-    fig, axes = plt.subplots(1, len(lengths), figsize=(6 * len(lengths), 4.5), squeeze=False, sharey=True)
+    fig, axes = subplots(1, len(lengths), figsize=(6 * len(lengths), 4.5), squeeze=False, sharey=True)
     styles = ["-", "--", ":", "-."]
     for ax, length in zip(axes[0], lengths, strict=True):
         for m_idx, model in enumerate(models):
@@ -391,8 +388,7 @@ def plot(result: dict[str, Any], ks: list[int], mals: list[float], path: str) ->
     where = env["device_name"] + (f" ({env['cpu_threads']} threads)" if env["device"] == "cpu" else "")
     fig.suptitle(f"verification cost, {', '.join(models)}, {where}, {env['dtype']}, {env['cache']} cache"
                  f"{', CUDA graphs' if env['cuda_graphs'] else ''}", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save(fig, path, dpi=120)
 
 
 def int_list(text: str) -> list[int]:

@@ -32,8 +32,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "tests"))  # server_process: start/stop servers
 PATHS = ("disk", "push_path", "push_state_dict", "push_stream")
 
 
@@ -76,8 +74,8 @@ def main() -> None:
     from safetensors.torch import load_file
 
     from samrollout.models import ensure_smollm2
+    from samrollout.testing import start_server
     from samrollout_client import RolloutClient
-    from server_process import start_server
 
     model_dir = ensure_smollm2()
     files = sorted(model_dir.glob("*.safetensors"))

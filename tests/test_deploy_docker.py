@@ -1,7 +1,7 @@
-"""The Dockerfile and docker-compose.yml: linted, valid, and consistent with the README and deploy/.
+"""The Dockerfile and docker-compose.yml: linted, valid, and consistent with docs/deploy.md and deploy/.
 
 There is no Docker engine on CI machines, so the images are not built here.  What can be
-checked without one is: hadolint and shellcheck pass, each image target runs the README's
+checked without one is: hadolint and shellcheck pass, each image target runs docs/deploy.md's
 serving install for its backend and has the runtime contract the chart and compose file rely
 on (non-root user, port 8000, /health check, /models volume, entrypoint), the entrypoint and
 the health check script work for real, the build context keeps what the build needs, and the
@@ -56,10 +56,10 @@ def _normalise(command: str) -> str:
 
 
 def readme_serving_installs() -> dict[str, str]:
-    """backend -> command, from the README's serving-install block."""
-    readme = (ROOT / "README.md").read_text()
-    block = re.search(r"<!-- serving-install:.*?-->\s*```text\n(.*?)```", readme, re.S)
-    assert block, "README.md has no serving-install block"
+    """backend -> command, from the serving-install block of docs/deploy.md."""
+    page = (ROOT / "docs" / "deploy.md").read_text()
+    block = re.search(r"<!-- serving-install:.*?-->\s*```text\n(.*?)```", page, re.S)
+    assert block, "docs/deploy.md has no serving-install block"
     lines = [line.split(":", 1) for line in block.group(1).strip().splitlines()]
     return {backend.strip(): command.strip() for backend, command in lines}
 
@@ -83,7 +83,7 @@ def test_each_image_target_builds_with_the_readme_serving_install(target: str) -
     build = _stages()[f"{target}-build"]
     runs = [_normalise(value) for value in _values(build, "RUN")]
     command = readme_serving_installs()[target]
-    assert any(command in run for run in runs), f"{target}-build does not run the README's `{command}`"
+    assert any(command in run for run in runs), f"{target}-build does not run docs/deploy.md's `{command}`"
     # The C++ core is compiled there, not in the final image: the final stage copies the venv.
     final = _stages()[target]
     assert any("--from=" + f"{target}-build /opt/venv /opt/venv" in value for value in _values(final, "COPY"))
@@ -127,7 +127,7 @@ def test_health_check_script_is_healthy_only_while_the_server_answers(tiny_serve
     port = tiny_server.url.rsplit(":", 1)[1].rstrip("/")
     up = subprocess.run([sys.executable, str(HEALTHCHECK)], env={**os.environ, "SAMROLLOUT_PORT": port})
     assert up.returncode == 0
-    from server_process import free_port
+    from samrollout.testing import free_port
 
     down = subprocess.run([sys.executable, str(HEALTHCHECK)],
                           env={**os.environ, "SAMROLLOUT_PORT": str(free_port())})
@@ -206,9 +206,9 @@ def test_compose_runs_the_cpu_image_prometheus_and_grafana_with_documented_ports
     ports = {name: [str(port).rsplit(":", 1)[1] for port in service["ports"]] for name, service in services.items()}
     assert ports == {"samrollout": ["8000"], "prometheus": ["9090"], "grafana": ["3000"]}
     assert "/models" in " ".join(services["samrollout"]["volumes"])
-    readme = (ROOT / "README.md").read_text()
+    page = (ROOT / "docs" / "deploy.md").read_text()
     for name, port in (("samrollout", "8000"), ("prometheus", "9090"), ("grafana", "3000")):
-        assert f"| `{name}` | {port} |" in readme
+        assert f"| `{name}` | {port} |" in page
 
 
 def test_compose_mounts_the_repo_prometheus_and_grafana_configuration() -> None:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
-from typing import Any
 
 import httpx
 import numpy as np
@@ -12,10 +12,12 @@ import pytest
 from conftest import API_KEY, admin_status, run_engine_jobs
 from samrollout import DraftPolicy, SamDrafter
 from samrollout.config import SpeculationConfig
-from samrollout.history import ResponseHistory, prompt_key
+from samrollout.history import ResponseHistory
 from samrollout.replay.drafters import SamReplayDrafter
 from samrollout.server.settings import ServerSettings
-from server_process import ServerProcess
+from samrollout.spec_decode.stats import HistoryStats, ProposerStats
+from samrollout.testing import ServerProcess
+from samrollout_client.prompt_identity import prompt_digest
 
 VOCAB = 1000
 PROMPT = [11, 12, 13, 14]
@@ -33,13 +35,13 @@ def test_a_response_of_an_earlier_rollout_drafts_a_later_response_from_its_first
     assert drafter.add_to_group("g", earlier)
     accepted = 0
     for position in range(1, 150):
-        draft = drafter.step(["later"], [earlier[position - 1: position]], 3)[0]
+        draft = drafter.step(["later"], [earlier[position - 1: position]], 3).tokens[0]
         accepted += int(draft == earlier[position: position + 3])
     assert accepted == 149  # every step drafts the earlier response's next three tokens
 
     alone = SamDrafter(VOCAB, DraftPolicy(min_match_length=1))
     alone.add_request("later", PROMPT, group="g")
-    drafts = [alone.step(["later"], [earlier[p - 1: p]], 3)[0] for p in range(1, 150)]
+    drafts = [alone.step(["later"], [earlier[p - 1: p]], 3).tokens[0] for p in range(1, 150)]
     assert not any(draft and draft[0] == earlier[p] for p, draft in enumerate(drafts, start=1))
 
 
@@ -64,7 +66,7 @@ def test_the_drafter_hands_back_the_response_it_indexed():
 
 def test_history_keeps_the_newest_responses_per_prompt_and_evicts_least_recent_prompts_past_its_tokens():
     history = ResponseHistory(max_tokens=1000, responses_per_prompt=2)
-    a, b = prompt_key([1, 2, 3]), prompt_key([4, 5])
+    a, b = prompt_digest([1, 2, 3]), prompt_digest([4, 5])
     for i in range(3):
         history.record(a, f"a{i}", [i] * 100)
     assert [r[0] for r in history.responses(a)] == [1, 2] and history.tokens == 200
@@ -80,8 +82,11 @@ def test_history_keeps_the_newest_responses_per_prompt_and_evicts_least_recent_p
 
 
 def test_equal_prompts_share_a_history_key_and_different_ones_do_not():
-    assert prompt_key([1, 2, 3]) == prompt_key(np.array([1, 2, 3], dtype=np.int64))
-    assert prompt_key([1, 2, 3]) != prompt_key([1, 2, 4])
+    assert prompt_digest([1, 2, 3]) == prompt_digest(np.array([1, 2, 3], dtype=np.int64))
+    assert prompt_digest([1, 2, 3]) != prompt_digest([1, 2, 4])
+    # An engine's int32 row is hashed as it is: the key is BLAKE2b-128 of its bytes.
+    row = np.arange(4096, dtype=np.int32)
+    assert prompt_digest(row) == hashlib.blake2b(row.tobytes(), digest_size=16).digest() == prompt_digest(row.tolist())
 
 
 def test_replay_with_history_accepts_more_than_without_on_the_same_rollout():
@@ -122,19 +127,18 @@ def _greedy(server: ServerProcess, prompt: str, tokens: int) -> list[int]:
 
 def test_a_second_rollout_of_a_prompt_joins_the_first_rollouts_response_and_keeps_its_output(
         tiny_server: ServerProcess) -> None:
-    def history() -> dict[str, Any]:
-        drafter = admin_status(tiny_server)["drafter"]
-        assert drafter["history"] is not None, "history is on by default"
-        result: dict[str, Any] = drafter["history"]
+    def history() -> HistoryStats:
+        result = ProposerStats.from_json(admin_status(tiny_server)["drafter"]).history
+        assert result is not None, "history is on by default"
         return result
 
     first = _greedy(tiny_server, "an epoch revisits this prompt", 64)
-    joined = history()["joined_responses"]
+    joined = history().joined_responses
     second = _greedy(tiny_server, "an epoch revisits this prompt", 64)
     after = history()
     assert second == first  # drafts only: the output is the model's
-    assert after["joined_responses"] >= joined + 1
-    assert 64 <= after["tokens"] <= after["max_tokens"]
+    assert after.joined_responses >= joined + 1
+    assert 64 <= after.tokens <= after.max_tokens
 
 
 # Past the threshold only confident drafts run (a match of 8+ tokens); the second pass of the same twelve
@@ -153,6 +157,6 @@ def test_with_confident_drafts_past_the_threshold_earlier_responses_join_while_t
     run = run_engine_jobs(tiny_dir, CONFIDENT_PAST_THE_THRESHOLD, jobs, tmp_path / "history")
     first, again = ([c["token_ids"] for choices in run["results"][job] for c in choices] for job in ("first", "again"))
     assert again == first  # drafts only: the outputs are the model's
-    proposer = run["proposer"]
-    assert proposer["history"]["joined_responses"] >= len(HISTORY_PROMPTS)
-    assert proposer["confident_drafts"] > 0 and proposer["sources"]["group"]["accepted_tokens"] > 0
+    proposer = ProposerStats.from_json(run["proposer"])
+    assert proposer.history is not None and proposer.history.joined_responses >= len(HISTORY_PROMPTS)
+    assert proposer.confident_drafts > 0 and proposer.sources["group"].accepted_tokens > 0

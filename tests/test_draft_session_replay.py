@@ -16,6 +16,7 @@ import pytest
 from conftest import run_engine_jobs
 from samrollout.spec_decode.draft_log import DRAFT_LOG_ENV, read_draft_log, replay_draft_log
 from samrollout.spec_decode.session import DraftSession
+from samrollout.spec_decode.stats import ProposerStats
 
 # The engine's defaults (static threshold 8, confident drafts past it, groups, history), drafting the most.
 SAM_DEFAULTS = {"k": 3, "policy": {"min_match_length": 1}}
@@ -41,7 +42,7 @@ def draft_log(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv(DRAFT_LOG_ENV, str(base / "steps.jsonl"))
         out = run_engine_jobs(tiny_dir, SAM_DEFAULTS, JOBS, base / "engine", **ENGINE)
-    assert out["proposer"]["draft_tokens"] > 0
+    assert ProposerStats.from_json(out["proposer"]).draft_tokens > 0
     logs = sorted(base.glob("steps.jsonl.*"))
     assert len(logs) == 1, f"one worker, one log: {logs}"
     return logs[0]

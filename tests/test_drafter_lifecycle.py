@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import enum
 import threading
+from dataclasses import fields
 
 import numpy as np
 import pytest
 
 from samrollout import DraftPolicy, SamDrafter
+from samrollout._core import core
+from samrollout.drafter import Draft
 
 VOCAB = 1000
 
@@ -34,7 +38,7 @@ def test_group_outlives_finished_siblings_until_the_last_one_leaves():
     drafter.append("a", [5, 6, 7, 8])
     drafter.remove_request("a")
     drafter.append("b", [5, 6])
-    assert drafter.propose("b", 2) == [7, 8]
+    assert drafter.propose("b", 2).tokens == [7, 8]
     drafter.remove_request("b")
     assert drafter.num_groups == 0
 
@@ -46,7 +50,7 @@ def test_sibling_with_a_different_prompt_drafts_alone():
     assert drafter.info("stranger")["group"] == -1
     drafter.append("a", [3, 4, 5])
     drafter.append("stranger", [3, 4])
-    assert drafter.propose("stranger", 3) == []
+    assert drafter.propose("stranger", 3).tokens == []
 
 
 def test_a_stranger_to_a_group_never_keeps_the_group_alive_after_its_members_leave():
@@ -71,8 +75,8 @@ def test_a_sibling_continued_from_its_generated_tokens_joins_its_group_and_draft
     drafter.append("ahead", siblings_text)
     assert drafter.add_request("continued", [1, 2, *siblings_text[:50]], group="g")
     assert drafter.info("continued")["num_tokens"] == 52
-    assert drafter.step(["continued"], [siblings_text[50:51]], 3) == [siblings_text[51:54]]
-    assert drafter.last_sources(["continued"]) == ["group"]
+    step = drafter.step(["continued"], [siblings_text[50:51]], 3)
+    assert step.tokens == [siblings_text[51:54]] and step.sources == ["group"]
     bounded = SamDrafter(VOCAB, DraftPolicy(max_group_tokens=100))
     bounded.add_request("ahead", [1, 2], group="g")
     assert not bounded.add_request("too long", [1, 2, *siblings_text], group="g")  # past the group bound: alone
@@ -81,14 +85,14 @@ def test_a_sibling_continued_from_its_generated_tokens_joins_its_group_and_draft
 def test_request_past_its_token_bound_stops_drafting_and_frees_its_automaton():
     drafter = SamDrafter(VOCAB, DraftPolicy(min_match_length=1, max_request_tokens=100))
     drafter.add_request("r", [1, 2, 3] * 10)
-    assert len(drafter.propose("r", 3)) > 0
+    assert len(drafter.propose("r", 3).tokens) > 0
     before = drafter.memory_bytes()
     drafter.append("r", [1, 2, 3] * 30)
     assert drafter.info("r")["own_overflow"]
-    assert drafter.propose("r", 3) == []
+    assert drafter.propose("r", 3).tokens == []
     assert drafter.memory_bytes() < before
     drafter.append("r", [1, 2, 3])  # still accepted, still no drafts
-    assert drafter.propose("r", 3) == []
+    assert drafter.propose("r", 3).tokens == []
 
 
 def test_group_past_its_bound_falls_back_to_the_requests_own_automaton():
@@ -98,7 +102,7 @@ def test_group_past_its_bound_falls_back_to_the_requests_own_automaton():
     drafter.append("a", list(range(10, 70)))
     assert drafter.info("b")["group_overflow"]
     drafter.append("b", [4, 5, 6, 4, 5])
-    assert drafter.propose("b", 3) == [6, 4, 5]
+    assert drafter.propose("b", 3).tokens == [6, 4, 5]
 
 
 @pytest.mark.parametrize(
@@ -138,6 +142,22 @@ def test_bad_input_raises_a_clear_exception_and_leaves_state_intact(call, error)
     assert "other" not in drafter
 
 
+def test_a_draft_comes_with_the_match_behind_it_and_its_source():
+    drafter = SamDrafter(VOCAB, DraftPolicy(min_match_length=1))
+    drafter.add_request("r", [1, 2, 3, 4, 1, 2, 3])
+    drafter.add_request("fresh", [7])
+    assert drafter.propose("r", 2) == Draft([4, 1], 3, "own")
+    assert drafter.propose("fresh", 2) == Draft([], 0, None)
+    step = drafter.step(["r", "fresh"], [[], []], 2)
+    assert (step.tokens, step.match_lengths, step.sources) == ([[4, 1], []], [3, 0], ["own", None])
+    assert step[0] == drafter.propose("r", 2) and len(step) == 2
+    handles = np.array([drafter.handle("r"), drafter.handle("fresh")], dtype=np.int64)
+    arrays = drafter.step_arrays(handles, np.array([4], dtype=np.int32), np.array([0, 1, 1], dtype=np.int64), 3)
+    assert arrays.drafts.tolist() == [[1, 2, 3], [-1, -1, -1]] and arrays.lengths.tolist() == [3, 0]
+    assert arrays.match_lengths.tolist() == [4, 0] and arrays.sources.tolist()[1] == -1
+    assert (arrays.source(0), arrays.source(1)) == ("own", None)
+
+
 def test_native_step_rejects_inconsistent_arrays():
     drafter = SamDrafter(VOCAB)
     drafter.add_request("r", [1, 2])
@@ -167,12 +187,39 @@ def test_native_step_rejects_inconsistent_arrays():
         {"min_match_length": True},
         {"min_match_length": "sometimes"},
         {"group_margin": "4"},
+        {"group_margin": 2**40},  # past the native int32: still a ValueError naming the field
         {"match_scale": "0.5"},
     ],
 )
 def test_invalid_policy_is_rejected_at_construction(policy):
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=next(iter(policy))):
         DraftPolicy(**policy)
+
+
+def test_every_policy_field_is_set_by_name_on_the_native_policy_the_core_checks():
+    """One definition: each dataclass field is the native struct's field of that name (enums by value name)."""
+    policy = DraftPolicy(occurrence="frequent", min_probability=0.25, min_match_length=np.int64(3), match_scale=0.5,
+                         source="own", group_margin=2, max_request_tokens=100, max_group_tokens=200,
+                         max_global_tokens=300, global_margin=5)
+    native = policy.native(VOCAB)
+    assert native.vocab_size == VOCAB
+    for knob in fields(DraftPolicy):
+        value = getattr(native, knob.name)
+        assert (value.name if isinstance(value, enum.Enum) else value) == getattr(policy, knob.name), knob.name
+        assert knob.metadata["description"], f"{knob.name} has no description (the replay's --help uses it)"
+    with pytest.raises(ValueError, match="min_match_length='auto' must be settled"):
+        DraftPolicy().native(VOCAB)
+    with pytest.raises(ValueError, match="max_request_tokens must be an integer between 1 and 1073741824, got 0"):
+        DraftPolicy(max_request_tokens=0)  # the core's own check and message
+    with pytest.raises(ValueError, match="vocab_size"):
+        SamDrafter(0)
+
+
+def test_the_native_policy_defaults_are_the_python_defaults():
+    """One set of defaults: a policy made in C++ without settings drafts like `DraftPolicy()` outside an engine."""
+    python, native = DraftPolicy().for_hardware(on_cpu=False).native(VOCAB), core.DraftPolicy()
+    for knob in fields(DraftPolicy):
+        assert getattr(native, knob.name) == getattr(python, knob.name), knob.name
 
 
 def test_auto_min_match_length_is_settled_by_the_hardware_that_verifies_drafts():
@@ -192,7 +239,7 @@ def test_threads_sharing_one_drafter_get_the_same_drafts_as_one_thread():
         shared.add_request(t, prompts[t][:20])
         out = []
         for i in range(20, 200, 4):
-            out.append(shared.step([t], [prompts[t][i: i + 4]], 3)[0])
+            out.append(shared.step([t], [prompts[t][i: i + 4]], 3).tokens[0])
         results[t] = out
 
     threads = [threading.Thread(target=worker, args=(t,)) for t in prompts]
@@ -203,5 +250,5 @@ def test_threads_sharing_one_drafter_get_the_same_drafts_as_one_thread():
     for t in prompts:
         alone = SamDrafter(VOCAB)
         alone.add_request(t, prompts[t][:20])
-        expected = [alone.step([t], [prompts[t][i: i + 4]], 3)[0] for i in range(20, 200, 4)]
+        expected = [alone.step([t], [prompts[t][i: i + 4]], 3).tokens[0] for i in range(20, 200, 4)]
         assert results[t] == expected

@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from oracle import expected_length, group_occurrences, own_continuation, own_occurrences
 from samrollout import DraftPolicy, SamDrafter
+from support.oracle import expected_length, group_occurrences, own_continuation, own_occurrences
 
 VOCAB = 50
 repetitive = st.lists(st.integers(0, 2), min_size=0, max_size=60)
@@ -24,7 +24,7 @@ def test_first_occurrence_draft_equals_brute_force_after_every_append(prompt, ou
     drafter.add_request("r", prompt)
     for seq in _appended_in_chunks(drafter, "r", prompt, output, chunk):
         length, ends = own_occurrences(seq)
-        draft = drafter.propose("r", k)
+        draft = drafter.propose("r", k).tokens
         if ends:
             e = min(ends)
             assert draft == own_continuation(seq, e, expected_length(length, k, min_match, scale))
@@ -54,7 +54,7 @@ def test_recent_occurrence_draft_continues_some_longest_earlier_match(tokens, k)
         drafter.append("r", [token])
         seq.append(token)
         length, ends = own_occurrences(seq)
-        draft = drafter.propose("r", k)
+        draft = drafter.propose("r", k).tokens
         assert drafter.info("r")["match_length"] == length
         if not ends:
             assert draft == []
@@ -81,7 +81,7 @@ def test_frequent_occurrence_drafts_the_most_frequent_continuation_of_the_longes
     drafter.add_request("r", prompt)
     for seq in _appended_in_chunks(drafter, "r", prompt, output, chunk):
         length, ends = own_occurrences(seq)
-        draft = drafter.propose("r", k)
+        draft = drafter.propose("r", k).tokens
         if not ends:
             assert draft == []
         else:
@@ -101,7 +101,7 @@ def test_frequent_occurrence_follows_the_majority_of_the_siblings():
     drafter.add_request("behind", [7], group="g")
     drafter.append("behind", [1, 2])
     # "first" would follow the first sibling too; "recent" the last one, whose 9 9 two siblings contradict.
-    assert drafter.propose("behind", 2) == [3, 4]
+    assert drafter.propose("behind", 2).tokens == [3, 4]
     strict = SamDrafter(VOCAB, DraftPolicy(occurrence="frequent", source="group", min_match_length=1,
                                            min_probability=0.9))
     for member, response in enumerate([[1, 2, 3, 4], [1, 2, 3, 4], [1, 2, 9, 9]]):
@@ -109,13 +109,13 @@ def test_frequent_occurrence_follows_the_majority_of_the_siblings():
         strict.append(member, response)
     strict.add_request("behind", [7], group="g")
     strict.append("behind", [1, 2])
-    assert strict.propose("behind", 2) == []  # 3 follows "1 2" in two of three siblings: 0.67 < 0.9
+    assert strict.propose("behind", 2).tokens == []  # 3 follows "1 2" in two of three siblings: 0.67 < 0.9
 
 
 def test_frequent_occurrence_drafts_a_long_run_of_one_token():
     drafter = SamDrafter(VOCAB, DraftPolicy(occurrence="frequent", min_match_length=1))
     drafter.add_request("r", [3] * 5000)  # a suffix-link path of 5,000 states: counted along a bounded part
-    assert drafter.propose("r", 8) == [3] * 8
+    assert drafter.propose("r", 8).tokens == [3] * 8
 
 
 @settings(max_examples=200, deadline=None)
@@ -144,7 +144,7 @@ def test_group_match_is_the_longest_anywhere_in_the_group_and_drafts_continue_it
         assert drafter.info(member)["match_length"] == group_occurrences(prompt, responses, member)[0]
         for m in active:
             length = drafter.info(m)["match_length"]
-            draft = drafter.propose(m, k)
+            draft = drafter.propose(m, k).tokens
             if not draft:
                 continue
             me = list(prompt) + responses[m]
@@ -167,9 +167,9 @@ def _all_ends(prompt, responses, member):
 def test_a_loop_shorter_than_k_is_drafted_in_full():
     drafter = SamDrafter(VOCAB, DraftPolicy(min_match_length=1))
     drafter.add_request("r", [5, 6, 5, 6, 5])
-    assert drafter.propose("r", 5) == [6, 5, 6, 5, 6]
+    assert drafter.propose("r", 5).tokens == [6, 5, 6, 5, 6]
     drafter.add_request("s", [9, 9, 9])
-    assert drafter.propose("s", 4) == [9, 9, 9, 9]
+    assert drafter.propose("s", 4).tokens == [9, 9, 9, 9]
 
 
 def test_sibling_behind_drafts_what_the_sibling_ahead_wrote():
@@ -180,11 +180,11 @@ def test_sibling_behind_drafts_what_the_sibling_ahead_wrote():
     drafter.add_request("behind", prompt, group=7)
     drafter.append("ahead", answer)
     drafter.append("behind", answer[:3])
-    assert drafter.propose("behind", 4) == answer[3:7]
+    assert drafter.propose("behind", 4).tokens == answer[3:7]
     solo = SamDrafter(VOCAB, DraftPolicy(source="own", min_match_length=1))
     solo.add_request("behind", prompt)
     solo.append("behind", answer[:3])
-    assert solo.propose("behind", 4) == []
+    assert solo.propose("behind", 4).tokens == []
 
 
 def test_both_sources_prefer_the_longer_match():
@@ -194,7 +194,7 @@ def test_both_sources_prefer_the_longer_match():
     drafter.add_request("b", prompt, group="g")
     drafter.append("a", [5, 6, 7, 8, 9, 20, 21])
     drafter.append("b", [7, 30, 5, 6, 7, 8])  # own history: 7 -> 30; sibling: 5 6 7 8 -> 9 20
-    assert drafter.propose("b", 2) == [9, 20]
+    assert drafter.propose("b", 2).tokens == [9, 20]
 
 
 @pytest.mark.parametrize(("margin", "expected"), [(0, [9, 20]), (1, [9, 20]), (2, [31, 5])])
@@ -204,7 +204,7 @@ def test_group_match_must_beat_the_own_match_by_more_than_the_margin(margin, exp
     drafter.add_request("b", [1], group="g")
     drafter.append("a", [6, 7, 8, 9, 20, 21])
     drafter.append("b", [8, 31, 5, 6, 7, 8])  # own: "8" -> 31 5 (match 1); group: "6 7 8" -> 9 20 (match 3)
-    assert drafter.propose("b", 2) == expected
+    assert drafter.propose("b", 2).tokens == expected
 
 
 def test_batched_step_equals_one_call_per_request():
@@ -219,6 +219,6 @@ def test_batched_step_equals_one_call_per_request():
         rows = sorted(rng.choice(6, size=rng.integers(1, 7), replace=False).tolist())
         new = [rng.integers(0, 4, size=rng.integers(0, 4)) for _ in rows]
         drafts = batched.step(rows, new, 3)
-        for row, tokens, draft in zip(rows, new, drafts, strict=True):
+        for i, (row, tokens) in enumerate(zip(rows, new, strict=True)):
             single.append(row, tokens)
-            assert draft == single.propose(row, 3)
+            assert drafts[i] == single.propose(row, 3)  # tokens, match length and source alike

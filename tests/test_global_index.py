@@ -29,11 +29,11 @@ def test_a_finished_response_to_another_prompt_drafts_a_later_request_through_th
         _finish(drafter, "earlier", [1, 2, 3], earlier)
         drafter.add_request("later", [4, 5, 6])  # another prompt: no group, no history
     # The later request reaches a passage the earlier response wrote.
-    assert on.step(["later"], [earlier[50:60]], 5) == [earlier[60:65]]
-    assert on.last_sources(["later"]) == ["global"]
+    step = on.step(["later"], [earlier[50:60]], 5)
+    assert step.tokens == [earlier[60:65]] and step.sources == ["global"]
     assert on.global_tokens == 200
-    assert off.step(["later"], [earlier[50:60]], 5) == [[]]
-    assert off.last_sources(["later"]) == [None] and off.global_tokens == 0
+    step = off.step(["later"], [earlier[50:60]], 5)
+    assert step.tokens == [[]] and step.sources == [None] and step.match_lengths == [0] and off.global_tokens == 0
 
 
 def test_the_global_index_keeps_the_newest_responses_within_its_token_bound():
@@ -43,9 +43,9 @@ def test_the_global_index_keeps_the_newest_responses_within_its_token_bound():
         _finish(drafter, f"r{i}", [1], response)
         assert drafter.global_tokens <= 1000
     drafter.add_request("newest", [7])
-    assert drafter.step(["newest"], [responses[-1][:40]], 3) == [responses[-1][40:43]]
+    assert drafter.step(["newest"], [responses[-1][:40]], 3).tokens == [responses[-1][40:43]]
     drafter.add_request("oldest", [8])
-    assert drafter.step(["oldest"], [responses[0][:40]], 3) != [responses[0][40:43]]  # evicted
+    assert drafter.step(["oldest"], [responses[0][:40]], 3).tokens != [responses[0][40:43]]  # evicted
     drafter.add_request("huge", [9])
     drafter.append("huge", _text(600, seed=99))  # longer than a generation (half the bound): not indexed
     drafter.remove_request("huge")
@@ -61,8 +61,8 @@ def test_the_requests_own_match_wins_unless_the_global_match_is_longer_by_the_ma
     drafter.add_request("later", [2, *shared[50 - own_match:50], 800, 801, 802, 803])
     draft = drafter.step(["later"], [shared[40:50]], 3)[0]  # global match: 10 tokens
     expected = {"own": [800, 801, 802], "global": shared[50:53]}[winner]
-    assert draft == expected
-    assert drafter.last_sources(["later"]) == [winner]
+    assert draft.tokens == expected and draft.source == winner
+    assert draft.match_length == {"own": own_match, "global": 10}[winner]
 
 
 def test_global_index_settings_are_checked():
@@ -91,10 +91,10 @@ def test_every_global_draft_continues_a_finished_response_where_the_request_matc
     checked = 0
     for _ in range(200):
         token = int(rng.integers(0, 6))
-        draft = drafter.step(["live"], [[token]], 5)[0]
-        if drafter.last_sources(["live"]) != ["global"]:
+        step = drafter.step(["live"], [[token]], 5)
+        if step.sources != ["global"]:
             continue
-        match = drafter.last_match_lengths(["live"])[0]
+        draft, match = step.tokens[0], step.match_lengths[0]
         text = drafter.response("live").tolist()
         assert 1 <= match <= 32 and draft
         assert _occurs(text[-match:] + draft, responses)
@@ -108,8 +108,8 @@ def test_an_earlier_rollouts_response_added_to_the_global_index_drafts_like_one_
     assert seeded.add_to_global(earlier)
     assert seeded.global_tokens == 200
     seeded.add_request("later", [4, 5, 6])
-    assert seeded.step(["later"], [earlier[80:90]], 4) == [earlier[90:94]]
-    assert seeded.last_sources(["later"]) == ["global"]
+    step = seeded.step(["later"], [earlier[80:90]], 4)
+    assert step.tokens == [earlier[90:94]] and step.sources == ["global"]
     assert not seeded.add_to_global([])  # nothing to index
     assert not seeded.add_to_global(list(range(VOCAB)) * 6)  # longer than a generation (half the bound)
     assert seeded.global_tokens == 200

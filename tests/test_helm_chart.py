@@ -18,7 +18,7 @@ import json
 import re
 import tomllib
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -32,6 +32,7 @@ from yamllint import linter
 from yamllint.cli import find_files_recursively
 from yamllint.config import YamlLintConfig
 
+from samrollout.drafter import DraftPolicy
 from samrollout.server.settings import ServerSettings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -416,6 +417,29 @@ def test_values_schema_ranges_match_server_settings(chart: helm.Chart) -> None:
             continue
         expected = {**_bounds(prop), **chart_only.get(field, {})}
         assert _bounds(chart_schema[_camel(field)]) == expected, field
+
+
+def test_draft_policy_values_are_draft_policy_fields(chart: helm.Chart) -> None:
+    """draftPolicy's fields are checked from DraftPolicy itself (the server does at start-up), not listed again
+    in the schema: every draftPolicy the chart sets (values.yaml, the ci examples) or shows (values.yaml's
+    comment) is made of DraftPolicy fields, with values DraftPolicy accepts."""
+    prop = _server_schema(chart)["draftPolicy"]
+    assert prop["type"] == "object" and prop.get("additionalProperties") is True and "properties" not in prop
+    lines = (CHART_DIR / "values.yaml").read_text().splitlines()
+    at = next(i for i, line in enumerate(lines) if line.strip().startswith("draftPolicy:"))
+    comment = []
+    while lines[at - 1 - len(comment)].strip().startswith("#"):
+        comment.insert(0, lines[at - 1 - len(comment)].strip().lstrip("#"))
+    shown = re.findall(r"\{[^{}]*\}", " ".join(comment))
+    assert shown, "values.yaml's draftPolicy comment shows no example"
+    policies = {"values.yaml": chart.values["server"]["draftPolicy"],
+                **{f"ci/{name}-values.yaml": example(name).get("server", {}).get("draftPolicy", {})
+                   for name in EXAMPLES},
+                **{f"values.yaml's comment, {text}": yaml.safe_load(text) for text in shown}}
+    known = {knob.name for knob in fields(DraftPolicy)}
+    for where, policy in policies.items():
+        assert set(policy) <= known, f"{where}: {sorted(set(policy) - known)} are not DraftPolicy fields"
+        DraftPolicy.from_dict(policy)  # and the server would accept their values
 
 
 # --- accelerators -----------------------------------------------------------------------------------------------

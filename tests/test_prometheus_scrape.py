@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from conftest import API_KEY
-from server_process import ServerProcess, free_port
+from samrollout.testing import ServerProcess, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 AUTH = {"Authorization": f"Bearer {API_KEY}"}

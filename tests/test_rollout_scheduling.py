@@ -13,7 +13,8 @@ import pytest
 from conftest import API_KEY, TINY_CONTEXT, TINY_SERVER_MEMORY
 from samrollout.server.admission import AdmissionScheduler
 from samrollout.server.length_predictor import LengthPredictor, prompt_key
-from server_process import ServerProcess, start_server
+from samrollout.spec_decode.stats import ProposerStats
+from samrollout.testing import ServerProcess, start_server
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 CAPACITY = 4  # the length-aware server's --max-num-seqs (the server admits one more): most test traffic queues
@@ -280,4 +281,4 @@ def test_status_for_polling_leaves_out_the_drafter_counters(length_aware_server:
     body = reply.json()
     assert body["drafter"] is None
     assert body["scheduling"]["policy"] == "length-aware" and body["scheduling"]["capacity"] == CAPACITY + 1
-    assert _status(length_aware_server)["drafter"]["k"] >= 1  # the default still has them
+    assert ProposerStats.from_json(_status(length_aware_server)["drafter"]).k >= 1  # the default still has them

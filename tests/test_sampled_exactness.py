@@ -29,6 +29,7 @@ import pytest
 from scipy.stats import chi2_contingency
 
 from conftest import run_engine_jobs
+from samrollout.spec_decode.stats import ProposerStats
 
 SAM_SAMPLED = {"k": 3, "threshold_mode": "off", "group_drafting": True, "sampled_requests": "draft",
                "policy": {"min_match_length": 1}}
@@ -106,11 +107,11 @@ def test_sampled_tokens_keep_the_models_distribution_with_sam_drafting(runs, job
 def test_sampled_requests_drafted_and_drafts_were_both_accepted_and_rejected(runs):
     _, on = runs
     drafted, accepted = acceptance(on)
-    proposer = on["proposer"]
-    print(f"\nacceptance {accepted}/{drafted} = {accepted / max(drafted, 1):.3f}; proposer {proposer['draft_tokens']}"
-          f" drafted, {proposer['accepted_tokens']} accepted")
-    assert proposer["sampled_rows_skipped"] == 0
-    assert proposer["draft_tokens"] > 2000
+    proposer = ProposerStats.from_json(on["proposer"])
+    print(f"\nacceptance {accepted}/{drafted} = {accepted / max(drafted, 1):.3f}; proposer {proposer.draft_tokens}"
+          f" drafted, {proposer.accepted_tokens} accepted")
+    assert proposer.sampled_rows_skipped == 0
+    assert proposer.draft_tokens > 2000
     assert 0.1 * drafted < accepted < 0.9 * drafted
 
 

@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from conftest import API_KEY, TINY_CONTEXT, TINY_MAX_PROMPT_TOKENS
-from server_process import ServerProcess
+from samrollout.testing import ServerProcess
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 LONG_PROMPT = "hello " * 600  # more tokens than the test server's 512-token context

@@ -10,7 +10,7 @@ import httpx
 import openai
 import pytest
 
-from server_process import ServerProcess, start_server
+from samrollout.testing import ServerProcess, start_server
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ import pytest
 
 from conftest import API_KEY, TINY_CHUNK_TOKENS, TINY_MAX_PROMPT_TOKENS, TINY_SERVER_MEMORY, run_engine_jobs
 from samrollout.server.engine_watch import ENGINE_DIED_EXIT_CODE
-from server_process import ServerProcess, start_server
+from samrollout.testing import ServerProcess, start_server
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 # Prompts well over the chunk budget below: prefilled over several engine steps.

@@ -10,7 +10,8 @@ from typing import Any
 import httpx
 
 from conftest import API_KEY
-from server_process import ServerProcess
+from samrollout.spec_decode.stats import ProposerStats
+from samrollout.testing import ServerProcess
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})? (\S+)$")
@@ -38,6 +39,11 @@ def generate(server: ServerProcess, **body: Any) -> dict[str, Any]:
     return result
 
 
+def drafter_stats(server: ServerProcess) -> ProposerStats:
+    """The proposer's stats from /admin/status, read strictly (a missing or unknown key fails)."""
+    return ProposerStats.from_json(httpx.get(f"{server.url}/admin/status", headers=AUTH, timeout=30).json()["drafter"])
+
+
 def settle(server: ServerProcess) -> None:
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and scrape(server).get("samrollout_requests_running", 1) != 0:
@@ -62,10 +68,9 @@ def test_every_metric_family_is_exported_with_base_units(tiny_server: ServerProc
 
 
 def test_engine_acceptance_counts_agree_with_what_the_proposer_proposed(tiny_server: ServerProcess) -> None:
-    def snapshot() -> tuple[dict[str, float], dict[str, Any]]:
+    def snapshot() -> tuple[dict[str, float], ProposerStats]:
         settle(tiny_server)
-        drafter = httpx.get(f"{tiny_server.url}/admin/status", headers=AUTH, timeout=30).json()["drafter"]
-        return scrape(tiny_server), drafter
+        return scrape(tiny_server), drafter_stats(tiny_server)
 
     samples_before, drafter_before = snapshot()
     for i in range(4):
@@ -77,16 +82,16 @@ def test_engine_acceptance_counts_agree_with_what_the_proposer_proposed(tiny_ser
 
     verified, accepted = delta("samrollout_spec_decode_draft_tokens_total"), delta(
         "samrollout_spec_decode_accepted_tokens_total")
-    proposed = drafter["draft_tokens"] - drafter_before["draft_tokens"]
+    proposed = drafter.draft_tokens - drafter_before.draft_tokens
     # Every token the engine accepted was proposed and counted by the proposer, and no more.
-    assert accepted == drafter["accepted_tokens"] - drafter_before["accepted_tokens"] > 0
+    assert accepted == drafter.accepted_tokens - drafter_before.accepted_tokens > 0
     # ... and each accepted token is counted once, under the source that drafted it.
     assert delta("samrollout_drafter_source_accepted_tokens_total") == accepted
     assert delta("samrollout_drafter_source_draft_tokens_total") == proposed
     # The proposer also drafted after each request's last step, which nobody verifies: at most k per request.
-    assert 0 <= proposed - verified <= drafter["k"] * 4
+    assert 0 <= proposed - verified <= drafter.k * 4
     by_position = [delta(f'samrollout_spec_decode_accepted_tokens_per_position_total{{position="{i}"}}')
-                   for i in range(drafter["k"])]
+                   for i in range(drafter.k)]
     assert sum(by_position) == accepted and by_position == sorted(by_position, reverse=True)
     lifetime = samples["samrollout_spec_decode_accepted_tokens_total"] / samples[
         "samrollout_spec_decode_draft_tokens_total"]
@@ -94,8 +99,7 @@ def test_engine_acceptance_counts_agree_with_what_the_proposer_proposed(tiny_ser
 
 
 def test_workers_skip_rejection_sampling_in_steps_without_drafts(tiny_server: ServerProcess) -> None:
-    drafter = httpx.get(f"{tiny_server.url}/admin/status", headers=AUTH, timeout=30).json()["drafter"]
-    assert drafter["no_draft_sampling_patched"] is True
+    assert drafter_stats(tiny_server).no_draft_sampling_patched is True
 
 
 def test_per_request_acceptance_is_returned_in_the_response(tiny_server: ServerProcess) -> None:
@@ -169,16 +173,15 @@ def test_past_the_static_threshold_only_confident_drafts_are_made_and_the_tail_d
             assert all(reply.status_code == 200 for reply in await asyncio.gather(*tasks))
 
     asyncio.run(burst())
-    drafter = httpx.get(f"{tiny_server.url}/admin/status", headers=AUTH, timeout=30).json()["drafter"]
+    drafter = drafter_stats(tiny_server)
     # The server's default: confident drafts past the threshold, so the proposer applies the threshold itself
     # (vLLM's batch-size schedule would drop every draft there; tests/test_speculation_config_and_gate.py runs
     # that path on the real engine).
-    assert drafter["threshold_mode"] == "static" and drafter["confident_match"] == 8
-    assert drafter["threshold_from_vllm_schedule"] is False
-    steps = {int(size): n for size, n in drafter["steps_by_batch_size"].items()}
-    drafting = {int(size): n for size, n in drafter["drafting_steps_by_batch_size"].items()}
-    assert max(steps) > drafter["threshold"]  # the big batch ran ...
-    assert any(size <= drafter["threshold"] for size in drafting)  # ... and the tail drafted
+    assert drafter.threshold_mode == "static" and drafter.confident_match == 8
+    assert drafter.threshold_from_vllm_schedule is False
+    steps, drafting = drafter.steps_by_batch_size, drafter.drafting_steps_by_batch_size
+    assert max(steps) > drafter.threshold  # the big batch ran ...
+    assert any(size <= drafter.threshold for size in drafting)  # ... and the tail drafted
     # Every step that drafted past the threshold drafted a confident row (a match of 8+ tokens), at most k.
-    assert sum(n for size, n in drafting.items() if size > drafter["threshold"]) <= drafter["confident_drafts"]
-    assert drafter["longest_confident_draft"] <= drafter["confident_k"] == drafter["k"]
+    assert sum(n for size, n in drafting.items() if size > drafter.threshold) <= drafter.confident_drafts
+    assert drafter.longest_confident_draft <= drafter.confident_k == drafter.k

@@ -10,7 +10,7 @@ import openai
 import pytest
 
 from conftest import API_KEY
-from server_process import ServerProcess
+from samrollout.testing import ServerProcess
 
 MODEL = "tiny"
 AUTH = {"Authorization": f"Bearer {API_KEY}"}

@@ -12,7 +12,8 @@ import httpx
 import openai
 
 from conftest import API_KEY, admin_status
-from server_process import ServerProcess
+from samrollout.spec_decode.stats import ProposerStats
+from samrollout.testing import ServerProcess
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 
@@ -334,5 +335,5 @@ def test_weight_update_under_load_changes_outputs_version_and_drops_drafter_stat
     # Back to the original weights: outputs come back exactly, the drafter starts empty.
     restore = admin(tiny_server, "update_weights", {"path": str(tiny_dir), "version": "v3", "in_flight": "abort"})
     assert restore.status_code == 200
-    assert admin_status(tiny_server)["drafter"]["active_requests"] == 0
+    assert ProposerStats.from_json(admin_status(tiny_server)["drafter"]).active_requests == 0
     assert greedy() == {"ids": before["ids"], "version": "v3"}

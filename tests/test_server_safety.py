@@ -24,7 +24,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from conftest import API_KEY, TINY_SERVER_MEMORY
-from server_process import ServerProcess, start_server
+from samrollout.testing import ServerProcess, start_server
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 HEADER_TIMEOUT_S = 2

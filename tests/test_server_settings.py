@@ -3,19 +3,31 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pydantic import ValidationError
+from pydantic_settings import SettingsError
 
-from samrollout.config import ADDITIONAL_CONFIG_KEY, SpeculationConfig
+from samrollout.config import ADDITIONAL_CONFIG_KEY, SPECULATION_LIMITS, SpeculationConfig
 from samrollout.drafter import DraftPolicy
 from samrollout.server.runtime import open_weight_uploads
-from samrollout.server.settings import ServerSettings, add_settings_flags, settings_from_args
+from samrollout.server.settings import (
+    NOT_FLAGS,
+    ServerSettings,
+    add_settings_flags,
+    env_var,
+    flag,
+    settings_from_args,
+    speculation_fields,
+)
+from samrollout.server.vllm_argv import vllm_argv
 
 
 def _speculation_in_argv(argv: list[str]) -> SpeculationConfig:
@@ -26,25 +38,25 @@ def _speculation_in_argv(argv: list[str]) -> SpeculationConfig:
 
 def test_draft_policy_flag_reaches_the_engine_and_keeps_other_defaults() -> None:
     settings = ServerSettings(draft_policy={"min_match_length": 2, "source": "own"})
-    policy = _speculation_in_argv(settings.vllm_argv("m", on_cpu=True)).policy
+    policy = _speculation_in_argv(vllm_argv(settings, "m", on_cpu=True)).policy
     assert policy == DraftPolicy(min_match_length=2, source="own")
 
 
 def test_draft_policy_is_read_from_its_environment_variable(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SAMROLLOUT_DRAFT_POLICY", '{"occurrence": "first"}')
-    policy = _speculation_in_argv(ServerSettings().vllm_argv("m", on_cpu=False)).policy
+    policy = _speculation_in_argv(vllm_argv(ServerSettings(), "m", on_cpu=False)).policy
     assert policy.occurrence == "first"
 
 
 def test_draft_range_flag_reaches_the_engine_and_auto_drafts_long_only_on_cuda(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    explicit = _speculation_in_argv(_settings("--draft-range", "2:16,8:8").vllm_argv("m", on_cpu=True))
+    explicit = _speculation_in_argv(vllm_argv(_settings("--draft-range", "2:16,8:8"), "m", on_cpu=True))
     assert explicit.draft_range == ((2, 16), (8, 8))
     auto = ServerSettings()
-    assert _speculation_in_argv(auto.vllm_argv("m", on_cpu=True)).draft_range is None  # CPU: --k up to --threshold
-    assert _speculation_in_argv(auto.vllm_argv("m", on_cpu=False, on_cuda=True)).draft_range == ((32, 8), (256, 3))
+    assert _speculation_in_argv(vllm_argv(auto, "m", on_cpu=True)).draft_range is None  # CPU: --k up to --threshold
+    assert _speculation_in_argv(vllm_argv(auto, "m", on_cpu=False, on_cuda=True)).draft_range == ((32, 8), (256, 3))
     monkeypatch.setenv("SAMROLLOUT_DRAFT_RANGE", "none")
-    assert _speculation_in_argv(ServerSettings().vllm_argv("m", on_cpu=False, on_cuda=True)).draft_range is None
+    assert _speculation_in_argv(vllm_argv(ServerSettings(), "m", on_cpu=False, on_cuda=True)).draft_range is None
 
 
 @pytest.mark.parametrize(("flags", "env", "named"), [
@@ -175,3 +187,63 @@ def test_a_staging_dir_that_cannot_be_made_stops_the_start_naming_it(tmp_path: P
     (tmp_path / "a-file").write_text("not a directory")
     with pytest.raises(RuntimeError, match=r"a-file/staging.*--weight-staging-dir"):
         open_weight_uploads(ServerSettings(weight_staging_dir=str(tmp_path / "a-file" / "staging")), None)
+
+
+def _docs_hook() -> Any:
+    """docs/hooks/settings_reference.py, the MkDocs hook that renders docs/settings.md's table."""
+    path = Path(__file__).resolve().parents[1] / "docs" / "hooks" / "settings_reference.py"
+    spec = importlib.util.spec_from_file_location("settings_reference", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_setting_has_a_flag_a_variable_a_helm_value_and_a_docs_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One settings model: each field is a --flag, a SAMROLLOUT_* variable, a Helm value and a row of the docs."""
+    parser = argparse.ArgumentParser()
+    add_settings_flags(parser)
+    flags = {option for action in parser._actions for option in action.option_strings}
+    schema = json.loads((Path(__file__).resolve().parents[1] / "deploy/helm/samrollout/values.schema.json")
+                        .read_text())["properties"]["server"]["properties"]
+    hook = _docs_hook()
+    table = hook.settings_table()
+    page = (Path(__file__).resolve().parents[1] / "docs" / hook.PAGE).read_text()
+    assert hook.MARKER in page
+    for name, field in ServerSettings.model_fields.items():
+        if name not in NOT_FLAGS:
+            assert flag(name) in flags, name
+        assert field.description, f"{name} has no description (its help and docs line)"
+        monkeypatch.setenv(env_var(name), "{not a value}")
+        try:  # the variable is read: refused naming the setting, or taken as the (string) value
+            assert getattr(ServerSettings(), name) == "{not a value}", name
+        except (ValidationError, SettingsError) as error:
+            assert name in str(error), name
+        monkeypatch.delenv(env_var(name))
+        helm = hook.helm_value(name)
+        assert name in hook.HELM_OTHERWISE or helm.strip("`").removeprefix("server.") in schema, name
+        assert f"`{env_var(name)}` | {helm} |" in table, name
+
+
+def test_speculation_settings_take_the_python_configs_defaults_and_ranges() -> None:
+    """The server's speculation settings accept exactly what `SpeculationConfig` accepts, with its defaults."""
+    marked = speculation_fields()
+    assert set(marked.values()) >= {"k", "threshold", "threshold_mode", "group_drafting", "confident_match",
+                                     "history_tokens", "history_responses"}
+    config = ServerSettings().speculation_config()
+    assert config is not None
+    for setting, target in marked.items():
+        field = ServerSettings.model_fields[setting]
+        assert field.get_default() == getattr(SpeculationConfig(), target) == getattr(config, target), setting
+        if target in SPECULATION_LIMITS:
+            low, high = SPECULATION_LIMITS[target]
+            with pytest.raises(ValidationError):
+                ServerSettings(**{setting: low - 1})
+            with pytest.raises(ValueError, match=target):
+                SpeculationConfig(**{target: low - 1})
+            if high is not None:
+                ServerSettings(**{setting: high})
+                with pytest.raises(ValidationError):
+                    ServerSettings(**{setting: high + 1})
+                with pytest.raises(ValueError, match=target):
+                    SpeculationConfig(**{target: high + 1})

@@ -22,7 +22,7 @@ from safetensors.torch import load_file, save_file
 
 from conftest import API_KEY
 from samrollout.server.weights_check import WeightsError, check_weights_dir, checkpoint_layout, read_header
-from server_process import ServerProcess
+from samrollout.testing import ServerProcess
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from conftest import run_engine_jobs
+from samrollout.spec_decode.stats import ProposerStats
 
 # The default draft policy ("auto": min_match_length 2 on this CPU) on SmolLM2; the tiny model
 # runs min_match_length 1, the GPU/NPU default, which drafts the most and so stresses exactness most.
@@ -117,6 +118,10 @@ def _tokens(run: dict[str, Any], job: str) -> list[list[list[int]]]:
     return [[c["token_ids"] for c in choices] for choices in run["results"][job]]
 
 
+def _proposer(run: dict[str, Any]) -> ProposerStats:
+    return ProposerStats.from_json(run["proposer"])
+
+
 @pytest.mark.parametrize("job", ["greedy", "repetitive", "explicit_group", "max_tokens_1",
                                  "max_tokens_5", "logprobs", "many"])
 def test_tiny_model_greedy_outputs_are_identical_with_sam(tiny_runs, job):
@@ -139,23 +144,25 @@ def test_long_draft_logprobs_are_the_target_models_and_long_drafts_were_accepted
             assert all(steps_on[t] == pytest.approx(v, abs=1e-4) for t, v in steps_off.items())
     per_position = long_draft_run["spec_metrics"]["vllm:spec_decode_num_accepted_tokens_per_pos"]
     assert len(per_position) == 16 and sum(per_position[8:]) > 0  # drafts past 8 ran and were accepted
-    assert long_draft_run["proposer"]["draft_range"] == [[4, 16], [8, 8]]
-    assert long_draft_run["proposer"]["confident_drafts"] > 0  # rows drafted past the range, on long matches
-    assert long_draft_run["proposer"]["critical_drafts"] > 0  # and the longest-running rows, past it too
+    proposer = _proposer(long_draft_run)
+    assert proposer.draft_range == ((4, 16), (8, 8))
+    assert proposer.confident_drafts > 0  # rows drafted past the range, on long matches
+    assert proposer.critical_drafts > 0  # and the longest-running rows, past it too
 
 
 def test_confident_drafts_past_the_range_are_no_longer_than_k(long_draft_run):
-    proposer = long_draft_run["proposer"]
-    assert proposer["confident_k"] == SAM_LONG_DRAFTS["k"] == 3  # the range drafts 16 in the tail
-    assert 0 < proposer["longest_confident_draft"] <= 3
+    proposer = _proposer(long_draft_run)
+    assert proposer.confident_k == SAM_LONG_DRAFTS["k"] == 3  # the range drafts 16 in the tail
+    assert 0 < proposer.longest_confident_draft <= 3
 
 
 def test_the_global_index_drafts_from_earlier_responses_and_its_drafts_are_accepted(long_draft_run):
-    sources = long_draft_run["proposer"]["sources"]
-    assert sources["global"]["draft_tokens"] > 0 and sources["global"]["accepted_tokens"] > 0
-    assert sources["own"]["accepted_tokens"] > 0
-    assert sum(s["draft_tokens"] for s in sources.values()) == long_draft_run["proposer"]["draft_tokens"]
-    assert 0 < long_draft_run["proposer"]["global_tokens"] <= 1 << 20
+    proposer = _proposer(long_draft_run)
+    sources = proposer.sources
+    assert sources["global"].draft_tokens > 0 and sources["global"].accepted_tokens > 0
+    assert sources["own"].accepted_tokens > 0
+    assert sum(s.draft_tokens for s in sources.values()) == proposer.draft_tokens
+    assert 0 < proposer.global_tokens <= 1 << 20
 
 
 def test_sampled_n_children_complete_with_sam(tiny_runs):
@@ -190,7 +197,7 @@ def test_greedy_logprobs_are_the_target_models(tiny_runs):
 def test_drafter_state_is_freed_as_requests_finish(tiny_runs):
     _, on = tiny_runs
     # 400+ requests went through; after the last one only what the final step saw remains.
-    assert on["proposer"]["active_requests"] == 1
+    assert _proposer(on).active_requests == 1
 
 
 @pytest.mark.parametrize("job", ["chat_greedy", "stop", "chat_logprobs"])
@@ -202,7 +209,7 @@ def test_smollm2_greedy_outputs_are_identical_with_sam(smollm2_runs, job):
 
 def test_default_draft_policy_is_settled_for_the_cpu_and_still_drafts(smollm2_runs):
     _, on = smollm2_runs
-    assert on["proposer"]["policy"]["min_match_length"] == 2  # "auto" on vLLM's CPU backend
+    assert _proposer(on).policy.min_match_length == 2  # "auto" on vLLM's CPU backend
     assert on["spec_metrics"]["vllm:spec_decode_num_accepted_tokens"] > 0
 
 
@@ -223,5 +230,6 @@ def test_seeded_samples_are_the_same_token_for_token_with_sam(smollm2_runs):
     """
     off, on = smollm2_runs
     assert len(on["results"]["seeded"]) == SAMPLES
-    assert on["proposer"]["sampled_rows_skipped"] == 0 and on["proposer"]["seeded_rows_skipped"] > 0
+    proposer = _proposer(on)
+    assert proposer.sampled_rows_skipped == 0 and proposer.seeded_rows_skipped > 0
     assert [c[0]["token_ids"] for c in on["results"]["seeded"]] == [c[0]["token_ids"] for c in off["results"]["seeded"]]

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import math
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -16,6 +18,7 @@ from samrollout.spec_decode.gate import AdaptiveGate, Gate, StaticGate, make_gat
 from samrollout.spec_decode.proposer import group_of
 from samrollout.spec_decode.schedule import dense_from_range, dense_schedule, range_schedule
 from samrollout.spec_decode.session import DraftSession, SessionSettings, StepRow
+from samrollout.spec_decode.stats import GateBucket, ProposerStats
 
 
 def test_config_round_trips_through_vllm_additional_config():
@@ -157,10 +160,9 @@ def test_without_confident_drafts_vllms_batch_size_schedule_drafts_only_in_the_t
              "params": {"temperature": 0, "max_tokens": 96, "ignore_eos": True}}]
     speculation = {"k": 3, "threshold_mode": "static", "threshold": 8, "confident_match": 0,
                    "policy": {"min_match_length": 1}}
-    proposer = run_engine_jobs(tiny_dir, speculation, jobs, tmp_path / "schedule")["proposer"]
-    assert proposer["threshold_from_vllm_schedule"] is True and proposer["confident_drafts"] == 0
-    steps = {int(size): n for size, n in proposer["steps_by_batch_size"].items()}
-    drafting = {int(size): n for size, n in proposer["drafting_steps_by_batch_size"].items()}
+    proposer = ProposerStats.from_json(run_engine_jobs(tiny_dir, speculation, jobs, tmp_path / "schedule")["proposer"])
+    assert proposer.threshold_from_vllm_schedule is True and proposer.confident_drafts == 0
+    steps, drafting = proposer.steps_by_batch_size, proposer.drafting_steps_by_batch_size
     assert max(steps) == 16 and drafting and max(drafting) <= 8
 
 
@@ -244,7 +246,7 @@ def test_past_the_threshold_only_the_rows_that_have_run_longest_get_critical_pat
     lengths = [len(d) for d in drafts]
     assert 3 < lengths[1] <= lengths[0] == 12 and lengths[2:] == [0, 0, 0, 0]  # 6 running: past the threshold
     assert drafts[0] == [cycle[(60 + j) % len(cycle)] for j in range(12)]
-    assert session.stats()["critical_drafts"] == 2
+    assert session.stats().critical_drafts == 2
 
 
 def test_rows_that_started_together_are_no_critical_path_evidence():
@@ -255,3 +257,60 @@ def test_rows_that_started_together_are_no_critical_path_evidence():
     tail = _session_rows([40, 30], [10, 11, 12, 13, 14])  # at the threshold: the range's 3, the longest 12
     fresh = DraftSession(config, 64, SessionSettings(largest_draft=config.largest_draft(), confident_k=3))
     assert all(len(d) > 3 for d in fresh.step(tail, {row.request_id for row in tail}))
+
+
+def _stepped_session() -> DraftSession:
+    """A session with the history on and the adaptive gate that has drafted, accepted and measured a few steps."""
+    config = SpeculationConfig(k=3, threshold_mode="adaptive", history_tokens=1000)
+    session = DraftSession(config, 64, SessionSettings(largest_draft=3, confident_k=3))
+    tokens = [1, 2, 3, 4, 5] * 8
+    for length in range(20, 30):
+        session.step([StepRow("a", 1, tokens, length, 10)], {"a"}, now=length / 100)
+    return session
+
+
+def test_proposer_stats_cross_processes_as_strict_json_and_read_back_the_same():
+    stats = replace(_stepped_session().stats(), gate={"<=2": GateBucket(math.nan, 50.0, 0, 3)})
+    assert stats.steps == 10 and stats.draft_tokens > 0 and stats.steps_by_batch_size == {1: 10}
+    assert stats.history is not None and stats.no_draft_sampling_patched is None  # no vLLM worker asked
+    data = json.loads(json.dumps(stats.to_json(), allow_nan=False))  # plain JSON: a rate never measured is null
+    assert data["gate"]["<=2"]["on_tokens_per_s"] is None and data["steps_by_batch_size"] == {"1": 10}
+    back = ProposerStats.from_json(data)
+    assert back.to_json() == stats.to_json() and math.isnan(back.gate["<=2"].on_tokens_per_s)
+    assert replace(back, gate={}) == replace(stats, gate={})
+
+
+@pytest.mark.parametrize("change", [
+    lambda d: d.update(acceptance_tokens=1),                    # a key nobody reads
+    lambda d: d.pop("accepted_tokens"),                         # a key renamed away
+    lambda d: d.update(steps="10"),                             # a value of the wrong type
+    lambda d: d.update(step_seconds_counts=[0, 1]),             # a histogram of other buckets
+    lambda d: d["sources"].pop("global"),
+    lambda d: d["history"].update(joined=1),
+    lambda d: d["policy"].pop("source"),
+    lambda d: d.update(threshold_mode="sometimes"),
+])
+def test_proposer_stats_with_unknown_missing_or_mistyped_keys_are_refused(change):
+    data = json.loads(json.dumps(_stepped_session().stats().to_json()))
+    change(data)
+    with pytest.raises(ValueError, match="proposer stats"):
+        ProposerStats.from_json(data)
+
+
+def test_drafter_metrics_read_the_typed_stats():
+    from samrollout.metrics import definitions as m
+    from samrollout.metrics.drafter import DrafterCollector
+
+    collector = DrafterCollector()
+    assert list(collector.collect()) == []  # nothing before the first snapshot
+    stats = _stepped_session().stats()
+    collector.update(stats)
+    assert m.SPECULATION_K._value.get() == 3 and m.DRAFTER_ACTIVE_REQUESTS._value.get() == 1
+    families = {family.name: family for family in collector.collect()}
+    drafted = {s.labels["source"]: s.value for s in families["samrollout_drafter_source_draft_tokens"].samples
+               if s.name.endswith("_total")}
+    assert drafted == {source: counts.draft_tokens for source, counts in stats.sources.items()}
+    histogram = families["samrollout_drafter_step_seconds"].samples
+    assert [s.value for s in histogram if s.name.endswith("_count")] == [stats.steps]
+    collector.update(None)  # speculation off
+    assert m.SPECULATION_ACTIVE._value.get() == 0 and list(collector.collect()) == []

@@ -32,7 +32,7 @@ from omegaconf import OmegaConf
 from safetensors.torch import load_file
 
 from conftest import API_KEY, TINY_SERVER_MEMORY, admin_status
-from server_process import ServerProcess, start_server
+from samrollout.testing import ServerProcess, start_server
 
 RESPONSE_LENGTH = 24
 GREEDY = {"temperature": 0.0, "top_p": 1.0, "top_k": -1, "repetition_penalty": 1.0, "logprobs": True}

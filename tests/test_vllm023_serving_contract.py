@@ -1,16 +1,16 @@
 """`samrollout serve` against vLLM 0.23.0 (the vLLM vllm-ascend 0.23 runs on), which cannot run here.
 
 vLLM 0.23's compiled ops need torch 2.11, so its released Python source (vllm-0.23.0.tar.gz
-from PyPI, sha256 pinned, cached by tests/pypi_source.py: the exact source Ascend installs
+from PyPI, sha256 pinned, cached by tests/support/pypi_source.py: the exact source Ascend installs
 build, and byte-identical in these files to the vllm 0.23.0 wheel) is checked two ways
-(helpers shared with the vLLM 0.33 test in tests/vllm_contract.py):
+(helpers shared with the vLLM 0.33 test in tests/support/vllm_contract.py):
 
 - read with ``ast``: every name the server's 0.23 layout imports exists with the signature the
   server calls it with; every engine method the server calls exists in 0.23's ``AsyncLLM`` and
   takes the arguments it is given; the app-state attributes the routes read are set by 0.23's
   ``init_app_state``; the stat logger interface, the worker extension and the weight-reload path
   (with vllm-ascend's worker) fit;
-- run (tests/vllm_probe.py, in a subprocess with 0.23's source ahead of the installed vLLM):
+- run (tests/support/vllm_probe.py, in a subprocess with 0.23's source ahead of the installed vLLM):
   the server picks its 0.23 layout, vLLM 0.23 parses and validates the settings' flags and builds
   the engine config, and the whole app serves completions, chat, streaming, errors and the admin
   API through vLLM 0.23's serving layer to a stand-in engine that checks each call against 0.23's
@@ -28,14 +28,15 @@ from typing import Any
 
 import pytest
 
-from ascend_source import ascend_source
-from pypi_source import Artifact, source_or_fail
 from samrollout.cli import main as cli_main
 from samrollout.server import vllm_serving
 from samrollout.server.settings import ServerSettings
+from samrollout.server.vllm_argv import vllm_argv
 from samrollout.server.vllm_version import SUPPORTED_SERIES, UnsupportedVllmError, serving_series
 from samrollout.spec_decode.worker_extension import SamWorkerExtension
-from vllm_contract import (
+from support.ascend_source import ascend_source
+from support.pypi_source import Artifact, source_or_fail
+from support.vllm_contract import (
     LAYOUTS,
     all_names,
     assert_admin_routes,
@@ -84,7 +85,7 @@ def v023() -> Path:
 
 @pytest.fixture(scope="session")
 def probe(v023: Path, tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """tests/vllm_probe.py's results, run once on vLLM 0.23's source (about half a minute)."""
+    """tests/support/vllm_probe.py's results, run once on vLLM 0.23's source (about half a minute)."""
     return run_probe(v023, "0.23.0", tiny_dir, tmp_path_factory.mktemp("vllm023-probe"))
 
 
@@ -138,9 +139,9 @@ def test_every_supported_series_has_a_layout_and_they_export_the_same_names() ->
 
 def test_settings_pass_per_request_metrics_flags_only_when_vllm_has_them() -> None:
     settings = ServerSettings(model="m")
-    with_flags = settings.vllm_argv("m", on_cpu=True)
+    with_flags = vllm_argv(settings, "m", on_cpu=True)
     assert "--enable-per-request-metrics" in with_flags and "--per-request-spec-decode-metrics" in with_flags
-    without = settings.vllm_argv("m", on_cpu=True, per_request_metrics_flags=False)
+    without = vllm_argv(settings, "m", on_cpu=True, per_request_metrics_flags=False)
     assert not any(flag.startswith("--enable-per-request") or flag.startswith("--per-request") for flag in without)
 
 
@@ -267,7 +268,7 @@ def test_worker_extension_fits_vllm_0_23_and_vllm_ascend_workers(v023: Path) -> 
     assert "rejection_sample" in top_level_names(tree(module_path(v023, "vllm.v1.sample.rejection_sampler")))
 
 
-# --- vLLM 0.23's source, run (tests/vllm_probe.py) ---
+# --- vLLM 0.23's source, run (tests/support/vllm_probe.py) ---
 
 def test_server_picks_its_0_23_layout(probe: dict[str, Any]) -> None:
     layout = probe_result(probe, "layout")

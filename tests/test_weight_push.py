@@ -34,9 +34,9 @@ from safetensors.torch import load_file, save
 from conftest import API_KEY, admin_status
 from samrollout.server.errors import ApiError
 from samrollout.server.weight_uploads import WeightUploads, default_staging_root, remove_stale_staging
+from samrollout.testing import ServerProcess
 from samrollout_client import RequestRejected, RolloutClient
 from samrollout_client.weights import WeightFiles, plan_shards
-from server_process import ServerProcess
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 PROBE = {"model": "tiny", "prompt": "pushed weights probe", "max_tokens": 12, "temperature": 0, "ignore_eos": True}

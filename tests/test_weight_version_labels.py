@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from conftest import API_KEY, admin_status
-from server_process import ServerProcess
+from samrollout.testing import ServerProcess
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 LONG = 400  # tokens of the requests kept running across an update (prompt + LONG within the 512 context)

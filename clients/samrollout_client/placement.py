@@ -11,22 +11,22 @@ known ones.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Literal
+
+from samrollout_client.prompt_identity import prompt_id
 
 Placement = Literal["least-outstanding", "predicted-work"]
 PLACEMENTS: tuple[Placement, ...] = ("least-outstanding", "predicted-work")
 
 
-def _key(prompt: str | list[int]) -> str:
-    return hashlib.blake2b(json.dumps(prompt).encode(), digest_size=12).hexdigest()
-
-
 class LengthHistory:
-    """Mean response length per prompt from earlier rollouts, for at most ``max_prompts`` prompts (LRU)."""
+    """Mean response length per prompt from earlier rollouts, for at most ``max_prompts`` prompts (LRU).
+
+    Prompts are told apart by their identity (`samrollout_client.prompt_identity`): a prompt given as text
+    and the same prompt given as token ids are two prompts here.
+    """
 
     def __init__(self, max_prompts: int = 65536) -> None:
         if max_prompts < 1:
@@ -38,7 +38,7 @@ class LengthHistory:
         """Remember the mean of ``lengths`` (one group's responses, in tokens) for ``prompt``."""
         if not lengths:
             return
-        key = _key(prompt)
+        key = prompt_id(prompt)
         self._lengths.pop(key, None)
         self._lengths[key] = sum(lengths) / len(lengths)
         while len(self._lengths) > self.max_prompts:
@@ -46,7 +46,7 @@ class LengthHistory:
 
     def predict(self, prompt: str | list[int]) -> float | None:
         """The remembered mean length of ``prompt``'s responses, or None."""
-        return self._lengths.get(_key(prompt))
+        return self._lengths.get(prompt_id(prompt))
 
     def __len__(self) -> int:
         return len(self._lengths)

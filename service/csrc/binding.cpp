@@ -4,6 +4,8 @@
 // exact dtypes) and every call that touches automata releases the GIL.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/vector.h>
 
 #include <limits>
 #include <cstdint>
@@ -15,6 +17,8 @@
 
 namespace nb = nanobind;
 using namespace nb::literals;
+using samrollout::Draft;
+using samrollout::DraftPolicy;
 using samrollout::Drafter;
 
 namespace {
@@ -22,88 +26,61 @@ namespace {
 using TokenArray = nb::ndarray<const int32_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 using IdArray = nb::ndarray<const int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 using DraftOut = nb::ndarray<int32_t, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
-using LengthOut = nb::ndarray<int32_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+using RowOut = nb::ndarray<int32_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 
-// Reads a Python sequence of integers into `out` (ints, numpy integers: anything with
-// __index__), rejecting values that do not fit T.
+// Reads an iterable of integers into `out` (ints, numpy integers: anything with __index__),
+// rejecting values that do not fit T.
 template <typename T>
-void read_ints(PyObject* seq, std::vector<T>& out, const char* what) {
-  PyObject* fast = PySequence_Fast(seq, what);
-  if (fast == nullptr) throw nb::python_error();
-  const Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
-  PyObject** items = PySequence_Fast_ITEMS(fast);
-  for (Py_ssize_t i = 0; i < n; ++i) {
-    const long long value = PyLong_AsLongLong(items[i]);
-    if (value == -1 && PyErr_Occurred()) {
-      Py_DECREF(fast);
-      throw nb::python_error();
+void read_ints(nb::handle values, std::vector<T>& out, const char* what) {
+  for (nb::handle item : values) {
+    long long value = 0;
+    if (!nb::try_cast(item, value)) {
+      if (nb::isinstance<nb::int_>(item)) value = std::numeric_limits<long long>::max();  // too large: below
+      else throw nb::type_error(what);
     }
     if (value < std::numeric_limits<T>::min() || value > std::numeric_limits<T>::max()) {
-      Py_DECREF(fast);
-      throw std::invalid_argument(std::string(what) + " holds token id " + std::to_string(value) +
+      throw std::invalid_argument(std::string(what) + " holds token id " + nb::str(item).c_str() +
                                   ", outside any vocabulary");
     }
     out.push_back(static_cast<T>(value));
   }
-  Py_DECREF(fast);
 }
 
-// The engine-shaped step: request handles and per-row token lists in, per-row draft lists out.
-nb::list step_lists(Drafter& d, nb::handle requests, nb::handle rows_tokens, int32_t k) {
+template <typename T>
+nb::list to_list(const T* values, std::size_t count) {
+  nb::list out;
+  for (std::size_t i = 0; i < count; ++i) out.append(nb::int_(values[i]));
+  return out;
+}
+
+// The engine-shaped step: request handles and per-row token lists in; per row the draft, the
+// match length behind it and its source (a DraftSource value, -1: no draft) out, as three lists.
+nb::tuple step_lists(Drafter& d, nb::handle requests, nb::handle rows_tokens, int32_t k) {
   std::vector<int32_t> flat;
   std::vector<int64_t> handles;
   std::vector<int64_t> offsets{0};
-  read_ints(requests.ptr(), handles, "requests must be a sequence of handles");
-  PyObject* rows = PySequence_Fast(rows_tokens.ptr(), "tokens must be a sequence of token sequences");
-  if (rows == nullptr) throw nb::python_error();
-  const Py_ssize_t count = PySequence_Fast_GET_SIZE(rows);
-  if (static_cast<std::size_t>(count) != handles.size()) {
-    Py_DECREF(rows);
-    throw std::invalid_argument("requests and tokens must have the same length");
+  read_ints(requests, handles, "requests must be a sequence of handles");
+  for (nb::handle row : rows_tokens) {
+    read_ints(row, flat, "each row of tokens must be a sequence of ints");
+    offsets.push_back(static_cast<int64_t>(flat.size()));
   }
-  try {
-    for (Py_ssize_t i = 0; i < count; ++i) {
-      read_ints(PySequence_Fast_GET_ITEM(rows, i), flat, "each row of tokens must be a sequence of ints");
-      offsets.push_back(static_cast<int64_t>(flat.size()));
-    }
-  } catch (...) {
-    Py_DECREF(rows);
-    throw;
-  }
-  Py_DECREF(rows);
   const std::size_t n = handles.size();
+  if (offsets.size() != n + 1) throw std::invalid_argument("requests and tokens must have the same length");
   const std::size_t width = k > 0 ? static_cast<std::size_t>(k) : 0;
   std::vector<int32_t> drafts(n * width + 1);
   std::vector<int32_t> lengths(n + 1);
+  std::vector<int32_t> match_lengths(n + 1);
+  std::vector<int32_t> sources(n + 1);
   {
     nb::gil_scoped_release release;
-    d.step(handles.data(), n, flat.data(), offsets.data(), k, drafts.data(), lengths.data());
+    d.step(handles.data(), n, flat.data(), offsets.data(), k, drafts.data(), lengths.data(), match_lengths.data(),
+           sources.data());
   }
-  nb::list out;
+  nb::list rows;
   for (std::size_t i = 0; i < n; ++i) {
-    PyObject* row = PyList_New(lengths[i]);
-    if (row == nullptr) throw nb::python_error();
-    for (int32_t j = 0; j < lengths[i]; ++j) {
-      PyList_SET_ITEM(row, j, PyLong_FromLong(drafts[i * width + static_cast<std::size_t>(j)]));
-    }
-    out.append(nb::steal(row));
+    rows.append(to_list(drafts.data() + i * width, static_cast<std::size_t>(lengths[i])));
   }
-  return out;
-}
-
-// One int32 per request from a const Drafter query (last_match_lengths, last_sources), as a list.
-nb::list per_request(const Drafter& d, nb::handle requests,
-                     void (Drafter::*query)(const int64_t*, std::size_t, int32_t*) const) {
-  std::vector<int64_t> handles;
-  read_ints(requests.ptr(), handles, "requests must be a sequence of handles");
-  std::vector<int32_t> values(handles.size());
-  {
-    nb::gil_scoped_release release;
-    (d.*query)(handles.data(), handles.size(), values.data());
-  }
-  nb::list out;
-  for (int32_t value : values) out.append(value);
-  return out;
+  return nb::make_tuple(rows, to_list(match_lengths.data(), n), to_list(sources.data(), n));
 }
 
 }  // namespace
@@ -121,29 +98,42 @@ NB_MODULE(_sam_core, m) {
     }
   });
 
+  nb::enum_<samrollout::Occurrence>(m, "Occurrence", "Which earlier occurrence of the matched suffix drafts.")
+      .value("first", samrollout::Occurrence::kFirst)
+      .value("recent", samrollout::Occurrence::kRecent)
+      .value("frequent", samrollout::Occurrence::kFrequent);
+  nb::enum_<samrollout::Source>(m, "Source", "Which automata a request in a group drafts from.")
+      .value("own", samrollout::Source::kOwn)
+      .value("group", samrollout::Source::kGroup)
+      .value("both", samrollout::Source::kBoth);
+  nb::enum_<samrollout::DraftSource>(m, "DraftSource", "Where one draft came from.")
+      .value("own", samrollout::DraftSource::kOwn)
+      .value("group", samrollout::DraftSource::kGroup)
+      .value("global", samrollout::DraftSource::kGlobal);
+
+  // One def_rw line per knob: samrollout.drafter.DraftPolicy sets them by name.
+  nb::class_<DraftPolicy>(m, "DraftPolicy", "The native draft policy (service/csrc/drafter.hpp); validate() checks it.")
+      .def(nb::init<>())
+      .def_rw("vocab_size", &DraftPolicy::vocab_size)
+      .def_rw("min_match_length", &DraftPolicy::min_match_length)
+      .def_rw("match_scale", &DraftPolicy::match_scale)
+      .def_rw("occurrence", &DraftPolicy::occurrence)
+      .def_rw("min_probability", &DraftPolicy::min_probability)
+      .def_rw("source", &DraftPolicy::source)
+      .def_rw("group_margin", &DraftPolicy::group_margin)
+      .def_rw("max_request_tokens", &DraftPolicy::max_request_tokens)
+      .def_rw("max_group_tokens", &DraftPolicy::max_group_tokens)
+      .def_rw("max_global_tokens", &DraftPolicy::max_global_tokens)
+      .def_rw("global_margin", &DraftPolicy::global_margin)
+      .def("validate", &DraftPolicy::validate, "Raise ValueError naming the first field out of its range.");
+
+  nb::class_<Draft>(m, "Draft", "One request's draft: its tokens, the match behind them and their source.")
+      .def_ro("tokens", &Draft::tokens)
+      .def_ro("match_length", &Draft::match_length)
+      .def_ro("source", &Draft::source);
+
   nb::class_<Drafter>(m, "Core")
-      .def(
-          "__init__",
-          [](Drafter* self, int32_t vocab_size, int32_t min_match_length, double match_scale,
-             int32_t occurrence, int32_t source, int32_t group_margin, int64_t max_request_tokens,
-             int64_t max_group_tokens, int64_t max_global_tokens, int32_t global_margin, double min_probability) {
-            samrollout::DraftPolicy policy;
-            policy.vocab_size = vocab_size;
-            policy.min_match_length = min_match_length;
-            policy.match_scale = match_scale;
-            policy.occurrence = static_cast<samrollout::Occurrence>(occurrence);
-            policy.source = static_cast<samrollout::Source>(source);
-            policy.group_margin = group_margin;
-            policy.max_request_tokens = max_request_tokens;
-            policy.max_group_tokens = max_group_tokens;
-            policy.max_global_tokens = max_global_tokens;
-            policy.global_margin = global_margin;
-            policy.min_probability = min_probability;
-            new (self) Drafter(policy);
-          },
-          "vocab_size"_a, "min_match_length"_a, "match_scale"_a, "occurrence"_a, "source"_a, "group_margin"_a,
-          "max_request_tokens"_a, "max_group_tokens"_a, "max_global_tokens"_a = 0, "global_margin"_a = 4,
-          "min_probability"_a = 0.0)
+      .def(nb::init<const DraftPolicy&>(), "policy"_a)
       .def(
           "add_request",
           [](Drafter& d, int64_t request, TokenArray prompt, int64_t group) {
@@ -158,24 +148,11 @@ NB_MODULE(_sam_core, m) {
             d.append(request, tokens.data(), tokens.shape(0));
           },
           "request"_a, "tokens"_a.noconvert())
-      .def(
-          "propose",
-          [](Drafter& d, int64_t request, int32_t k) {
-            int32_t out[Drafter::kMaxDraftTokens];
-            int32_t n = 0;
-            {
-              nb::gil_scoped_release release;
-              n = d.propose(request, k, out);
-            }
-            nb::list draft;
-            for (int32_t i = 0; i < n; ++i) draft.append(out[i]);
-            return draft;
-          },
-          "request"_a, "k"_a)
+      .def("propose", &Drafter::propose, "request"_a, "k"_a, nb::call_guard<nb::gil_scoped_release>())
       .def(
           "step",
           [](Drafter& d, IdArray requests, TokenArray tokens, IdArray offsets, int32_t k, DraftOut drafts,
-             LengthOut lengths) {
+             RowOut lengths, RowOut match_lengths, RowOut sources) {
             const std::size_t rows = requests.shape(0);
             if (offsets.shape(0) != rows + 1) {
               throw std::invalid_argument("offsets must have one entry more than requests");
@@ -183,16 +160,19 @@ NB_MODULE(_sam_core, m) {
             if (offsets.data()[rows] != static_cast<int64_t>(tokens.shape(0))) {
               throw std::invalid_argument("offsets[-1] must equal the number of tokens");
             }
-            if (drafts.shape(0) < rows || static_cast<int64_t>(drafts.shape(1)) != k || lengths.shape(0) < rows) {
+            if (drafts.shape(0) < rows || static_cast<int64_t>(drafts.shape(1)) != k || lengths.shape(0) < rows ||
+                match_lengths.shape(0) < rows || sources.shape(0) < rows) {
               throw std::invalid_argument("output arrays must be [rows, k] and [rows]");
             }
             nb::gil_scoped_release release;
-            d.step(requests.data(), rows, tokens.data(), offsets.data(), k, drafts.data(), lengths.data());
+            d.step(requests.data(), rows, tokens.data(), offsets.data(), k, drafts.data(), lengths.data(),
+                   match_lengths.data(), sources.data());
           },
           "requests"_a.noconvert(), "tokens"_a.noconvert(), "offsets"_a.noconvert(), "k"_a,
-          "drafts"_a.noconvert(), "lengths"_a.noconvert())
+          "drafts"_a.noconvert(), "lengths"_a.noconvert(), "match_lengths"_a.noconvert(), "sources"_a.noconvert())
       .def("step_lists", &step_lists, "requests"_a, "tokens"_a, "k"_a,
-           "Append each row's tokens and return each row's draft, as lists (vLLM's proposer shape).")
+           "Append each row's tokens; return (drafts, match_lengths, sources) as lists, one entry per row "
+           "(drafts in vLLM's proposer shape; a source is a DraftSource value, -1 where a row drafted nothing).")
       .def(
           "remove_request",
           [](Drafter& d, int64_t request) {
@@ -227,14 +207,6 @@ NB_MODULE(_sam_core, m) {
             return nb::ndarray<nb::numpy, int32_t, nb::ndim<1>>(data->data(), {data->size()}, owner);
           },
           "request"_a)
-      .def(
-          "last_match_lengths",
-          [](const Drafter& d, nb::handle requests) { return per_request(d, requests, &Drafter::last_match_lengths); },
-          "requests"_a)
-      .def(
-          "last_sources",
-          [](const Drafter& d, nb::handle requests) { return per_request(d, requests, &Drafter::last_sources); },
-          "requests"_a)
       .def("has_request", &Drafter::has_request, "request"_a)
       .def(
           "info",

@@ -55,33 +55,7 @@ std::size_t GlobalIndex::memory_bytes() const {
 }
 
 Drafter::Drafter(const DraftPolicy& policy) : policy_(policy) {
-  if (policy.vocab_size <= 0) fail("vocab_size must be positive");
-  if (policy.min_match_length < 1) fail("min_match_length must be at least 1");
-  if (!(policy.match_scale >= 0.0) || !std::isfinite(policy.match_scale)) {
-    fail("match_scale must be a finite number >= 0");
-  }
-  if (policy.occurrence != Occurrence::kFirst && policy.occurrence != Occurrence::kRecent &&
-      policy.occurrence != Occurrence::kFrequent) {
-    fail("occurrence must be first, recent or frequent");
-  }
-  if (!(policy.min_probability >= 0.0 && policy.min_probability <= 1.0)) {
-    fail("min_probability must be between 0 and 1");
-  }
-  if (policy.source != Source::kOwn && policy.source != Source::kGroup &&
-      policy.source != Source::kBoth) {
-    fail("source must be own, group or both");
-  }
-  if (policy.group_margin < 0) fail("group_margin must be >= 0");
-  if (policy.max_request_tokens < 1 || policy.max_group_tokens < 1) {
-    fail("token limits must be positive");
-  }
-  if (policy.max_request_tokens > (int64_t{1} << 30) || policy.max_group_tokens > (int64_t{1} << 30)) {
-    fail("token limits must be at most 2**30 (positions are 32-bit)");
-  }
-  if (policy.max_global_tokens < 0 || policy.max_global_tokens > (int64_t{1} << 30)) {
-    fail("max_global_tokens must be between 0 and 2**30");
-  }
-  if (policy.global_margin < 0) fail("global_margin must be >= 0");
+  policy.validate();
   if (policy.max_global_tokens > 0) {
     global_ = std::make_unique<GlobalIndex>(policy.max_global_tokens, policy.occurrence, policy.min_probability);
   }
@@ -206,7 +180,7 @@ int32_t Drafter::draft_length(int32_t match_length, int32_t k) const {
   return std::min(limit, k);
 }
 
-int32_t Drafter::propose_locked(const Request& r, int32_t k, int32_t* out) const {
+Drafter::Proposal Drafter::propose_locked(const Request& r, int32_t k, int32_t* out) const {
   int32_t own_draft[kMaxDraftTokens];
   int32_t own_match = 0;
   int32_t own_count = 0;
@@ -245,9 +219,8 @@ int32_t Drafter::propose_locked(const Request& r, int32_t k, int32_t* out) const
   }
   const int32_t n = std::min(available, draft_length(match, k));
   std::copy(source, source + n, out);
-  r.last_match = n > 0 ? match : 0;
-  r.last_source = n > 0 ? which : -1;
-  return n;
+  if (n == 0) return {};
+  return {n, match, which};
 }
 
 int32_t Drafter::tail_locked(const Request& r, int32_t limit, int32_t* out) const {
@@ -259,14 +232,23 @@ int32_t Drafter::tail_locked(const Request& r, int32_t limit, int32_t* out) cons
   return 0;
 }
 
-int32_t Drafter::propose(int64_t request, int32_t k, int32_t* out) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  check_k(k);
-  return propose_locked(find(request), k, out);
+Draft Drafter::propose(int64_t request, int32_t k) {
+  int32_t out[kMaxDraftTokens];
+  Proposal proposal;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    check_k(k);
+    proposal = propose_locked(find(request), k, out);
+  }
+  Draft draft;
+  draft.tokens.assign(out, out + proposal.length);
+  draft.match_length = proposal.match_length;
+  if (proposal.source != kNoDraftSource) draft.source = static_cast<DraftSource>(proposal.source);
+  return draft;
 }
 
-void Drafter::step(const int64_t* requests, std::size_t rows, const int32_t* tokens,
-                   const int64_t* offsets, int32_t k, int32_t* drafts, int32_t* lengths) {
+void Drafter::step(const int64_t* requests, std::size_t rows, const int32_t* tokens, const int64_t* offsets,
+                   int32_t k, int32_t* drafts, int32_t* lengths, int32_t* match_lengths, int32_t* sources) {
   std::lock_guard<std::mutex> lock(mutex_);
   check_k(k);
   if (offsets[0] != 0) fail("offsets[0] must be 0");
@@ -287,8 +269,11 @@ void Drafter::step(const int64_t* requests, std::size_t rows, const int32_t* tok
   }
   for (std::size_t i = 0; i < rows; ++i) {
     int32_t* row = drafts + i * static_cast<std::size_t>(k);
-    lengths[i] = propose_locked(*batch[i], k, row);
-    std::fill(row + lengths[i], row + k, -1);
+    const Proposal proposal = propose_locked(*batch[i], k, row);
+    lengths[i] = proposal.length;
+    match_lengths[i] = proposal.match_length;
+    sources[i] = proposal.source;
+    std::fill(row + proposal.length, row + k, -1);
   }
 }
 
@@ -339,16 +324,6 @@ std::vector<int32_t> Drafter::response_locked(const Request& r) const {
     if (!g.overflow) return g.automaton->response(r.group_sid);
   }
   return {};
-}
-
-void Drafter::last_match_lengths(const int64_t* requests, std::size_t count, int32_t* out) const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  for (std::size_t i = 0; i < count; ++i) out[i] = find(requests[i]).last_match;
-}
-
-void Drafter::last_sources(const int64_t* requests, std::size_t count, int32_t* out) const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  for (std::size_t i = 0; i < count; ++i) out[i] = find(requests[i]).last_source;
 }
 
 bool Drafter::has_request(int64_t request) const {

@@ -4,10 +4,16 @@
 // GIL released.
 #pragma once
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <sstream>
+#include <stdexcept>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -21,18 +27,73 @@ enum class Source : int32_t { kOwn = 0, kGroup = 1, kBoth = 2 };
 // Where one draft came from: the request's own automaton, its group's, or the global index.
 enum class DraftSource : int32_t { kOwn = 0, kGroup = 1, kGlobal = 2 };
 
+// Where step() writes the source of a row that drafted nothing.
+constexpr int32_t kNoDraftSource = -1;
+
+// How drafts are chosen: the one definition of a draft policy's knobs, their defaults and their
+// checks.  Python's DraftPolicy (samrollout/drafter.py) sets these fields by name through the
+// binding and calls validate(), so a knob is a field here, its check in validate(), one def_rw
+// line in binding.cpp and one field of the Python dataclass.  What each knob does and why its
+// default: DraftPolicy's docstring and docs/tuning.md.
 struct DraftPolicy {
+  static constexpr int64_t kMaxTokens = int64_t{1} << 30;  // positions are 32-bit
+
   int32_t vocab_size = 1 << 20;     // token ids must lie in [0, vocab_size)
   int32_t min_match_length = 1;     // shorter matches propose nothing
   double match_scale = 0.0;         // >0: draft at most max(1, scale * match) tokens
-  Occurrence occurrence = Occurrence::kFirst;
+  Occurrence occurrence = Occurrence::kRecent;
   double min_probability = 0.0;     // kFrequent: a draft stops where its estimated acceptance falls below
   Source source = Source::kBoth;    // for requests that belong to a group
-  int32_t group_margin = 0;         // kBoth: the group's match must be longer by more than this
+  int32_t group_margin = 4;         // kBoth: the group's match must be longer by more than this
   int64_t max_request_tokens = int64_t{1} << 22;  // own automaton bound
   int64_t max_group_tokens = int64_t{1} << 24;    // group automaton bound
   int64_t max_global_tokens = 0;  // global index of finished responses (all prompts); 0: off
   int32_t global_margin = 4;      // its match must be longer than the chosen one's by more than this
+
+  // Throws std::invalid_argument naming the first field out of its range.
+  void validate() const {
+    check_int("vocab_size", vocab_size, 1, std::numeric_limits<int32_t>::max());
+    check_int("min_match_length", min_match_length, 1, kMaxTokens);
+    if (!std::isfinite(match_scale) || !(match_scale >= 0.0)) {
+      fail_number("match_scale", "must be a finite number >= 0", match_scale);
+    }
+    if (occurrence != Occurrence::kFirst && occurrence != Occurrence::kRecent &&
+        occurrence != Occurrence::kFrequent) {
+      throw std::invalid_argument("occurrence must be first, recent or frequent");
+    }
+    if (!(min_probability >= 0.0 && min_probability <= 1.0)) {
+      fail_number("min_probability", "must be a number in [0, 1]", min_probability);
+    }
+    if (source != Source::kOwn && source != Source::kGroup && source != Source::kBoth) {
+      throw std::invalid_argument("source must be own, group or both");
+    }
+    check_int("group_margin", group_margin, 0, kMaxTokens);
+    check_int("max_request_tokens", max_request_tokens, 1, kMaxTokens);
+    check_int("max_group_tokens", max_group_tokens, 1, kMaxTokens);
+    check_int("max_global_tokens", max_global_tokens, 0, kMaxTokens);
+    check_int("global_margin", global_margin, 0, kMaxTokens);
+  }
+
+ private:
+  static void check_int(const char* name, int64_t value, int64_t low, int64_t high) {
+    if (value < low || value > high) {
+      throw std::invalid_argument(std::string(name) + " must be an integer between " + std::to_string(low) +
+                                  " and " + std::to_string(high) + ", got " + std::to_string(value));
+    }
+  }
+  [[noreturn]] static void fail_number(const char* name, const char* rule, double value) {
+    std::ostringstream text;
+    text << name << ' ' << rule << ", got " << value;
+    throw std::invalid_argument(text.str());
+  }
+};
+
+// One request's draft: its tokens, the length of the match behind them (its evidence) and the
+// automaton they came from; match_length 0 and no source where it drafted nothing.
+struct Draft {
+  std::vector<int32_t> tokens;
+  int32_t match_length = 0;
+  std::optional<DraftSource> source;
 };
 
 // Finished responses of every prompt, for drafting where a request's own text and its
@@ -82,13 +143,15 @@ class Drafter {
   // Returns whether the request joined `group` (false: it drafts alone, see add_request in drafter.cpp).
   bool add_request(int64_t request, const int32_t* prompt, std::size_t count, int64_t group);
   void append(int64_t request, const int32_t* tokens, std::size_t count);
-  // Writes up to k draft tokens into `out`; returns how many.
-  int32_t propose(int64_t request, int32_t k, int32_t* out);
-  // One engine step for a batch: rows[i] gets tokens[offsets[i]:offsets[i+1]]
-  // appended, then up to k drafts written to drafts[i*k ...], lengths[i] set.
+  // Up to k draft tokens for the request's next positions, with their match and source.
+  Draft propose(int64_t request, int32_t k);
+  // One engine step for a batch: rows[i] gets tokens[offsets[i]:offsets[i+1]] appended, then
+  // up to k drafts written to drafts[i*k ...] (padded with -1), lengths[i] set, and the match
+  // behind the draft and its source in match_lengths[i] (0 where it drafted nothing) and
+  // sources[i] (a DraftSource value; kNoDraftSource where it drafted nothing).
   // Everything is validated before any state changes.
-  void step(const int64_t* requests, std::size_t rows, const int32_t* tokens,
-            const int64_t* offsets, int32_t k, int32_t* drafts, int32_t* lengths);
+  void step(const int64_t* requests, std::size_t rows, const int32_t* tokens, const int64_t* offsets,
+            int32_t k, int32_t* drafts, int32_t* lengths, int32_t* match_lengths, int32_t* sources);
   void remove_request(int64_t request);
   // Indexes a finished response to the group's prompt (an earlier rollout's) as one more
   // string of the live group `group`; siblings draft from it from their next token on.
@@ -101,11 +164,6 @@ class Drafter {
   bool add_to_global(const int32_t* tokens, std::size_t count);
   // The request's response so far (empty when every automaton holding it overflowed).
   std::vector<int32_t> response(int64_t request) const;
-  // The match length behind each request's last draft (0 where it drafted nothing): how much
-  // evidence the draft has, for confidence gating.
-  void last_match_lengths(const int64_t* requests, std::size_t count, int32_t* out) const;
-  // The source of each request's last draft (a DraftSource value; -1 where it drafted nothing).
-  void last_sources(const int64_t* requests, std::size_t count, int32_t* out) const;
 
   bool has_request(int64_t request) const;
   RequestInfo info(int64_t request) const;
@@ -130,8 +188,12 @@ class Drafter {
     int32_t group_sid = 0;
     int64_t num_tokens = 0;
     uint64_t last_step = 0;  // stamp of the last batch step that named it
-    mutable int32_t last_match = 0;  // match length behind its last draft (0: no draft)
-    mutable int32_t last_source = -1;  // where its last draft came from (DraftSource; -1: no draft)
+  };
+  // What propose_locked wrote: how many tokens, the match behind them and their source.
+  struct Proposal {
+    int32_t length = 0;
+    int32_t match_length = 0;
+    int32_t source = kNoDraftSource;
   };
 
   Request& find(int64_t request);
@@ -139,7 +201,7 @@ class Drafter {
   void check_tokens(const int32_t* tokens, std::size_t count) const;
   void check_k(int32_t k) const;
   void append_locked(Request& r, const int32_t* tokens, std::size_t count);
-  int32_t propose_locked(const Request& r, int32_t k, int32_t* out) const;
+  Proposal propose_locked(const Request& r, int32_t k, int32_t* out) const;
   int32_t draft_length(int32_t match_length, int32_t k) const;
   int32_t tail_locked(const Request& r, int32_t limit, int32_t* out) const;
   std::vector<int32_t> response_locked(const Request& r) const;

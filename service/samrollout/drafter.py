@@ -7,9 +7,12 @@ only the id-to-handle maps: every per-token loop runs in C++ with the GIL releas
 
 from __future__ import annotations
 
+import enum
+import functools
+import types
 from collections.abc import Hashable, Sequence
-from dataclasses import asdict, dataclass, fields, replace
-from typing import Any, Literal
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Any, Literal, Union, cast, get_args, get_origin, get_type_hints
 
 import numpy as np
 import numpy.typing as npt
@@ -19,11 +22,13 @@ from samrollout.tokens import Int32Array, as_token_array
 
 Occurrence = Literal["first", "recent", "frequent"]
 Source = Literal["own", "group", "both"]
-_OCCURRENCES: tuple[Occurrence, ...] = ("first", "recent", "frequent")
-_SOURCES: tuple[Source, ...] = ("own", "group", "both")
 DraftSourceName = Literal["own", "group", "global"]
-# Where a draft comes from, in the native core's order (DraftSource in service/csrc/drafter.hpp).
-DRAFT_SOURCES: tuple[DraftSourceName, ...] = ("own", "group", "global")
+DRAFT_SOURCES: tuple[DraftSourceName, ...] = get_args(DraftSourceName)
+# The native core's DraftSource values by name (service/csrc/drafter.hpp); a step reports -1 for no draft.
+_SOURCE_NAMES: dict[int, DraftSourceName] = {int(member.value): cast(DraftSourceName, member.name)
+                                             for member in core.DraftSource}
+if sorted(_SOURCE_NAMES.values()) != sorted(DRAFT_SOURCES):
+    raise ImportError(f"the native core's draft sources {sorted(_SOURCE_NAMES.values())} are not {DRAFT_SOURCES}")
 # What min_match_length="auto" becomes (see DraftPolicy): verifying drafts is compute-bound on CPUs.
 CPU_MIN_MATCH_LENGTH = 2
 ACCELERATOR_MIN_MATCH_LENGTH = 1
@@ -31,79 +36,86 @@ ACCELERATOR_MIN_MATCH_LENGTH = 1
 
 @dataclass(frozen=True)
 class DraftPolicy:
-    """How drafts are chosen; defaults measured with ``bench/tune_policy.py`` on the bundled traces.
+    """How drafts are chosen: the native core's policy (``DraftPolicy`` in service/csrc/drafter.hpp).
 
-    - ``occurrence``: which earlier occurrence of the matched suffix supplies the draft.
-      "recent" (the latest occurrence at which that suffix was the longest match) beat
-      "first" on the traces: reasoning loops repeat their latest variant.  "frequent" follows
-      no single occurrence: token by token it drafts what most often followed the context
-      (the longest match, then the match grown by the drafted tokens; occurrence counts per
-      automaton state, kept along at most 256 suffix links per token), so a sibling that
-      strayed does not lead the others' drafts.  Measured on real reasoning traces at k=16
-      (README, "Frequent continuations"), it ties "recent": +1.8% tail MAL on R1-distill,
-      -1.3% on Sky-T1; not the default.
-    - ``min_probability`` ("frequent" only): a draft stops where the estimated probability
-      that all of it is accepted (the product of each token's share of its context's
-      continuations) falls below this; 0 (default) drafts up to k.  A context seen once has
-      probability 1, so this cuts drafts where siblings disagree, not where evidence is thin.
-    - ``min_match_length``: matches shorter than this propose nothing.  1 drafts most and
-      has the highest MAL (2.22 on the bundled traces); 2 trades a little MAL (2.06) for a
-      higher acceptance rate (0.56 vs 0.46), which pays where verifying a rejected draft
-      costs real compute.  "auto" (default) picks by the hardware the engine runs on, from
-      ``bench/results/verify-cost-*.json``: 2 on CPU (3 drafts cost 1.5-2x a plain step;
-      measured in the engine with its worker on one core: rollout makespan -9% against 1;
-      with both cores 1 and 2 tie, 14.85 s against 14.99 s in one round), 1 on GPUs and NPUs (3 drafts
-      cost about 1.05x; projected 2.08x against 1.97x for 2).  Outside an engine (replay,
-      a bare `SamDrafter`) "auto" means 1.
-    - ``match_scale``: when > 0, a match of length L drafts at most max(1, floor(scale * L))
-      tokens (still capped by k); 0 (measured best for MAL) drafts the full k whenever the
-      match is long enough.
-    - ``source``: for a request in a group, draft from its own automaton, the group's, or
-      both: the group's match wins only when longer than the request's own by more than
-      ``group_margin`` tokens (4 measured best in the tail: a request in a loop predicts
-      itself better than a sibling with a slightly longer match does).
-    - ``max_request_tokens`` / ``max_group_tokens``: hard bounds on indexed tokens; past
-      them the automaton is freed and that source proposes nothing (graceful fallback).
-    - ``max_global_tokens``: a global index of finished responses to every prompt (like
-      SuffixDecoding's global cache), bounded to this many tokens in two generations (the
-      newest responses are kept; about 150 bytes per token); 0 (default) turns it off.  A
-      running request is looked up by its last 32 tokens, only where its own and group
-      match is short; the global draft wins when its match is longer than theirs by more
-      than ``global_margin`` (4 measured best of 0/4/16/31).  Off by default because it
-      gained under 1% of tail MAL on real reasoning traces (`bench/results/replay-global-*`):
-      the group and the cross-epoch history already hold the text that predicts a response.
+    Each field is one knob of the native struct, set by name; its range is checked there
+    (`validate`, ValueError naming the field) when the policy is built, so Python and the core
+    never disagree.  Each field's metadata says what it does; how the defaults were measured:
+    ``docs/tuning.md#draft-policy-how-the-defaults-were-chosen``.  A new knob is a field of the
+    native struct with its check, one ``def_rw`` line in binding.cpp and one field here: the
+    replay's flags, config files and the server's ``--draft-policy`` take it from the dataclass.
     """
 
-    occurrence: Occurrence = "recent"
-    min_match_length: int | Literal["auto"] = "auto"
-    match_scale: float = 0.0
-    source: Source = "both"
-    group_margin: int = 4
-    max_request_tokens: int = 1 << 22
-    max_group_tokens: int = 1 << 24
-    max_global_tokens: int = 0
-    global_margin: int = 4
-    min_probability: float = 0.0
+    occurrence: Occurrence = field(default="recent", metadata={"description": (
+        'which earlier occurrence of the matched suffix drafts: "first", "recent" (the latest: reasoning loops '
+        'repeat their latest variant) or "frequent" (token by token the continuation seen most often, so one '
+        'stray sibling does not lead the draft)')})
+    min_probability: float = field(default=0.0, metadata={"description": (
+        '"frequent" only: a draft stops where its estimated acceptance probability falls below this (0: draft '
+        'up to k); cuts drafts where siblings disagree')})
+    min_match_length: int | Literal["auto"] = field(default="auto", metadata={"description": (
+        'shortest match that drafts, or "auto": 2 on CPU (a rejected draft costs real compute there), 1 on GPUs '
+        'and NPUs and outside an engine (verifying drafts is nearly free)')})
+    match_scale: float = field(default=0.0, metadata={"description": (
+        "> 0: a match of L tokens drafts at most max(1, floor(scale * L)); 0 drafts the full k (the best mean "
+        "accepted length)")})
+    source: Source = field(default="both", metadata={"description": (
+        "what a request in a group drafts from: its own automaton, its group's, or both (the longer match, see "
+        "group_margin)")})
+    group_margin: int = field(default=4, metadata={"description": (
+        '"both": the group\'s match wins only when longer than the own by more than this (a request in a loop '
+        "predicts itself better than a sibling with a slightly longer match)")})
+    max_request_tokens: int = field(default=1 << 22, metadata={"description": (
+        "tokens a request's own automaton may index; past them it is freed and drafts nothing (a hard memory "
+        "bound, the request keeps running)")})
+    max_group_tokens: int = field(default=1 << 24, metadata={"description": (
+        "tokens a group's automaton may index; past them it is freed and drafts nothing")})
+    max_global_tokens: int = field(default=0, metadata={"description": (
+        "the global index of finished responses to every prompt, in tokens (about 150 bytes each); 0: off (it "
+        "gained under 1 percent on real reasoning traces)")})
+    global_margin: int = field(default=4, metadata={"description": (
+        "a global draft wins when its match is longer than the own or group match by more than this (other "
+        "prompts' text is weaker evidence than the request's own and its group's)")})
 
     def __post_init__(self) -> None:
-        if self.occurrence not in _OCCURRENCES:
-            raise ValueError(f"occurrence must be one of {_OCCURRENCES}, got {self.occurrence!r}")
-        if self.source not in _SOURCES:
-            raise ValueError(f"source must be one of {_SOURCES}, got {self.source!r}")
-        if self.min_match_length != "auto":
-            check_int("min_match_length", self.min_match_length, 1, 1 << 30)
-        check_int("group_margin", self.group_margin, 0, 1 << 30)
-        if isinstance(self.match_scale, bool) or not isinstance(self.match_scale, (int, float, np.number)) \
-                or not np.isfinite(self.match_scale) or self.match_scale < 0:
-            raise ValueError(f"match_scale must be a finite number >= 0, got {self.match_scale!r}")
-        check_int("max_request_tokens", self.max_request_tokens, 1, 1 << 30)
-        check_int("max_group_tokens", self.max_group_tokens, 1, 1 << 30)
-        check_int("max_global_tokens", self.max_global_tokens, 0, 1 << 30)
-        check_int("global_margin", self.global_margin, 0, 1 << 30)
-        if isinstance(self.min_probability, bool) \
-                or not isinstance(self.min_probability, (int, float, np.number)) \
-                or not 0.0 <= float(self.min_probability) <= 1.0:
-            raise ValueError(f"min_probability must be a number in [0, 1], got {self.min_probability!r}")
+        for name, hint in policy_field_types().items():
+            value = getattr(self, name)
+            if not _is_instance(value, hint):
+                raise ValueError(f"{name} must be {_describe(hint)}, got {value!r}")
+        self._native(settled=False).validate()
+
+    def native(self, vocab_size: int) -> Any:
+        """The native core's policy (``samrollout._sam_core.DraftPolicy``) for ``vocab_size`` token ids;
+        "auto" must be settled first (`for_hardware`)."""
+        policy = self._native(settled=True)
+        policy.vocab_size = vocab_size
+        policy.validate()
+        return policy
+
+    def _native(self, settled: bool) -> Any:
+        """The fields set by name on the native struct (enums by their value names).  A Python-only value
+        ("auto") is left at the native default unless ``settled``, where it is an error."""
+        policy = core.DraftPolicy()
+        for knob in fields(self):
+            value = getattr(self, knob.name)
+            try:
+                current = getattr(policy, knob.name)
+            except AttributeError:
+                raise TypeError(f"DraftPolicy.{knob.name} has no native field: add it to "
+                                f"service/csrc/drafter.hpp and binding.cpp") from None
+            if isinstance(current, enum.Enum):
+                value = type(current)[value]
+            elif isinstance(value, str):
+                if settled:
+                    raise ValueError(f"{knob.name}={value!r} must be settled (DraftPolicy.for_hardware) first")
+                continue
+            elif isinstance(value, np.generic):
+                value = value.item()
+            try:
+                setattr(policy, knob.name, value)
+            except TypeError:  # past what the native field holds
+                raise ValueError(f"{knob.name} is out of range, got {value!r}") from None
+        return policy
 
     def as_dict(self) -> dict[str, Any]:
         """The policy as plain data (for JSON reports and configs)."""
@@ -112,7 +124,7 @@ class DraftPolicy:
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> DraftPolicy:
         """A policy from plain data (`as_dict`, a config file, a flag); unknown fields raise ValueError."""
-        known = [field.name for field in fields(cls)]
+        known = [knob.name for knob in fields(cls)]
         unknown = sorted(set(values) - set(known))
         if unknown:
             raise ValueError(f"unknown draft policy fields {unknown}; known: {known}")
@@ -125,10 +137,91 @@ class DraftPolicy:
         return replace(self, min_match_length=CPU_MIN_MATCH_LENGTH if on_cpu else ACCELERATOR_MIN_MATCH_LENGTH)
 
 
+@functools.cache
+def policy_field_types() -> dict[str, Any]:
+    """DraftPolicy's fields and their annotations, resolved."""
+    hints = get_type_hints(DraftPolicy)
+    return {knob.name: hints[knob.name] for knob in fields(DraftPolicy)}
+
+
+def _is_instance(value: Any, hint: Any) -> bool:
+    """Whether ``value`` fits a field annotation: int (not bool or float), float (any real number but
+    bool), a Literal's values, or a union of those."""
+    origin = get_origin(hint)
+    if origin is Literal:
+        return any(type(value) is type(choice) and value == choice for choice in get_args(hint))
+    if origin in (Union, types.UnionType):
+        return any(_is_instance(value, arm) for arm in get_args(hint))
+    if isinstance(value, bool) and hint is not bool:
+        return False
+    if hint is int:
+        return isinstance(value, int | np.integer)
+    if hint is float:
+        return isinstance(value, int | float | np.integer | np.floating)
+    return isinstance(value, hint)
+
+
+def _describe(hint: Any) -> str:
+    """A field annotation in words, for error messages."""
+    origin = get_origin(hint)
+    if origin is Literal:
+        return f"one of {get_args(hint)}"
+    if origin in (Union, types.UnionType):
+        return " or ".join(_describe(arm) for arm in get_args(hint))
+    return {int: "an integer", float: "a number"}.get(hint, getattr(hint, "__name__", str(hint)))
+
+
 def check_int(name: str, value: Any, low: int, high: int) -> None:
     """Raise ValueError unless ``value`` is an integer (not a bool or float) in [low, high]."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not low <= value <= high:
         raise ValueError(f"{name} must be an integer between {low} and {high}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class Draft:
+    """One request's draft: its tokens, the length of the match behind them (its evidence) and where
+    it came from; ``match_length`` 0 and ``source`` None where it drafted nothing."""
+
+    tokens: list[int]
+    match_length: int = 0
+    source: DraftSourceName | None = None
+
+
+@dataclass(frozen=True)
+class StepDrafts:
+    """One `SamDrafter.step`'s drafts, row for row: the tokens (vLLM's proposer shape), the match
+    length behind each (0: no draft) and each one's source (None: no draft)."""
+
+    tokens: list[list[int]]
+    match_lengths: list[int]
+    sources: list[DraftSourceName | None]
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def __getitem__(self, row: int) -> Draft:
+        return Draft(self.tokens[row], self.match_lengths[row], self.sources[row])
+
+
+@dataclass(frozen=True)
+class DraftArrays:
+    """One `SamDrafter.step_arrays`'s drafts, the arrays the core wrote into: ``drafts[rows, k]``
+    (padded with -1), ``lengths``, ``match_lengths`` (0: no draft) and ``sources`` (native DraftSource
+    values, -1: no draft; `source` names one)."""
+
+    drafts: Int32Array
+    lengths: Int32Array
+    match_lengths: Int32Array
+    sources: Int32Array
+
+    def source(self, row: int) -> DraftSourceName | None:
+        """Where row ``row``'s draft came from (None: it drafted nothing)."""
+        return source_name(int(self.sources[row]))
+
+
+def source_name(code: int) -> DraftSourceName | None:
+    """The name of a native DraftSource value (None for -1: no draft)."""
+    return _SOURCE_NAMES.get(code)
 
 
 class SamDrafter:
@@ -142,22 +235,11 @@ class SamDrafter:
 
     def __init__(self, vocab_size: int, policy: DraftPolicy | None = None) -> None:
         self.policy = (policy or DraftPolicy()).for_hardware(on_cpu=False)
-        if isinstance(vocab_size, bool) or int(vocab_size) < 1:
-            raise ValueError(f"vocab_size must be a positive integer, got {vocab_size!r}")
+        if isinstance(vocab_size, bool) or not isinstance(vocab_size, int | np.integer) \
+                or not 1 <= vocab_size <= np.iinfo(np.int32).max:
+            raise ValueError(f"vocab_size must be a positive 32-bit integer, got {vocab_size!r}")
         self.vocab_size = int(vocab_size)
-        self._core = core.Core(
-            vocab_size=self.vocab_size,
-            min_match_length=int(self.policy.min_match_length),
-            match_scale=float(self.policy.match_scale),
-            occurrence=_OCCURRENCES.index(self.policy.occurrence),
-            source=_SOURCES.index(self.policy.source),
-            group_margin=int(self.policy.group_margin),
-            max_request_tokens=int(self.policy.max_request_tokens),
-            max_group_tokens=int(self.policy.max_group_tokens),
-            max_global_tokens=int(self.policy.max_global_tokens),
-            global_margin=int(self.policy.global_margin),
-            min_probability=float(self.policy.min_probability),
-        )
+        self._core = core.Core(self.policy.native(self.vocab_size))
         self._handles: dict[Hashable, int] = {}
         self._request_group: dict[int, Hashable] = {}
         self._groups: dict[Hashable, tuple[int, int]] = {}  # group id -> (handle, members)
@@ -218,47 +300,39 @@ class SamDrafter:
         tokens: Int32Array = self._core.response(self._handle(request_id))
         return tokens
 
-    def last_sources(self, request_ids: Sequence[Hashable]) -> list[DraftSourceName | None]:
-        """Where each request's last draft came from ("own", "group", "global"; None: it drafted nothing)."""
-        codes: list[int] = self._core.last_sources([self._handle(r) for r in request_ids])
-        return [DRAFT_SOURCES[code] if code >= 0 else None for code in codes]
-
-    def last_match_lengths(self, request_ids: Sequence[Hashable]) -> list[int]:
-        """The match length behind each request's last draft (0 where it drafted nothing): its evidence."""
-        lengths: list[int] = self._core.last_match_lengths([self._handle(r) for r in request_ids])
-        return lengths
-
     # -- tokens and drafts -----------------------------------------------------------
     def append(self, request_id: Hashable, tokens: Sequence[int] | npt.NDArray[Any]) -> None:
         """Index tokens the request generated (accepted drafts and the bonus token)."""
         self._core.append(self._handle(request_id), as_token_array(tokens))
 
-    def propose(self, request_id: Hashable, k: int) -> list[int]:
-        """Up to ``k`` draft tokens for the request's next positions (may be empty)."""
-        result: list[int] = self._core.propose(self._handle(request_id), _check_k(k))
-        return result
+    def propose(self, request_id: Hashable, k: int) -> Draft:
+        """Up to ``k`` draft tokens for the request's next positions (may be none), their match and source."""
+        draft = self._core.propose(self._handle(request_id), _check_k(k))
+        return Draft(draft.tokens, draft.match_length, None if draft.source is None else draft.source.name)
 
     def step(self, request_ids: Sequence[Hashable], new_tokens: Sequence[Sequence[int] | npt.NDArray[Any]],
-             k: int) -> list[list[int]]:
+             k: int) -> StepDrafts:
         """Append each row's new tokens, then draft for every row, in one native call.
 
-        Takes and returns plain lists (the shape vLLM's proposer interface uses); integer
-        numpy arrays work as rows too.
+        Takes plain lists and returns them (``tokens``: the shape vLLM's proposer interface uses);
+        integer numpy arrays work as rows too.
         """
         if len(request_ids) != len(new_tokens):
             raise ValueError("request_ids and new_tokens must have the same length")
         handles = [self._handle(r) for r in request_ids]
-        drafts: list[list[int]] = self._core.step_lists(handles, new_tokens, _check_k(k))
-        return drafts
+        drafts, match_lengths, sources = self._core.step_lists(handles, new_tokens, _check_k(k))
+        return StepDrafts(drafts, match_lengths, [_SOURCE_NAMES.get(code) for code in sources])
 
     def step_arrays(self, handles: npt.NDArray[np.int64], tokens: Int32Array, offsets: npt.NDArray[np.int64],
-                    k: int) -> tuple[Int32Array, Int32Array]:
-        """Zero-copy batch step on native handles (see `handle`): (drafts[rows, k] padded -1, lengths)."""
+                    k: int) -> DraftArrays:
+        """Zero-copy batch step on native handles (see `handle`): the core writes every row's draft, its
+        length, match and source into fresh arrays (`DraftArrays`)."""
         k = _check_k(k)
-        drafts = np.empty((len(handles), k), dtype=np.int32)
-        lengths = np.empty(len(handles), dtype=np.int32)
-        self._core.step(handles, tokens, offsets, k, drafts, lengths)
-        return drafts, lengths
+        rows = len(handles)
+        out = DraftArrays(np.empty((rows, k), dtype=np.int32), np.empty(rows, dtype=np.int32),
+                          np.empty(rows, dtype=np.int32), np.empty(rows, dtype=np.int32))
+        self._core.step(handles, tokens, offsets, k, out.drafts, out.lengths, out.match_lengths, out.sources)
+        return out
 
     # -- introspection ---------------------------------------------------------------
     def handle(self, request_id: Hashable) -> int:

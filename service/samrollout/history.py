@@ -5,28 +5,22 @@ slowly between weight updates, so an earlier epoch's responses are good drafting
 the next one (Seer's observation, across steps instead of within a group).  They are only
 drafts: verification keeps outputs exact, so the history is kept across weight updates.
 
-The store is keyed by the prompt's token ids (a 128-bit BLAKE2 digest), not by group ids,
-which trainers often renew every step.  It is bounded twice: at most
+The store is keyed by the prompt's identity (its token ids' 128-bit digest,
+`samrollout_client.prompt_identity.prompt_digest`), not by group ids, which trainers often
+renew every step.  It is bounded twice: at most
 ``responses_per_prompt`` responses per prompt (the newest), and at most ``max_tokens``
 response tokens in all, evicting the least recently used prompts first.
 """
 
 from __future__ import annotations
 
-import hashlib
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 from typing import Any
 
-import numpy as np
 import numpy.typing as npt
 
 from samrollout.tokens import Int32Array, as_token_array
-
-
-def prompt_key(prompt: Sequence[int] | npt.NDArray[Any]) -> bytes:
-    """The history key of a prompt: a digest of its token ids (equal prompts, equal keys)."""
-    return hashlib.blake2b(np.ascontiguousarray(prompt, dtype=np.int32).tobytes(), digest_size=16).digest()
 
 
 class ResponseHistory:

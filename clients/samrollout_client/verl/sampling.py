@@ -9,10 +9,11 @@ the configured prompt + response budget, and always within the server's context.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from samrollout_client.prompt_identity import GROUP_KEY_SIZE, prompt_id
 
 # veRL sampling keys that are not vLLM completion fields, or that we set ourselves.
 _HANDLED = {"max_tokens", "max_new_tokens", "logprobs", "n"}
@@ -40,10 +41,12 @@ def max_new_tokens(prompt_len: int, sampling_params: Mapping[str, Any], budget: 
 
 
 def group_key(prompt_ids: Sequence[int]) -> str:
-    """A GRPO group's key: the responses to one prompt share its token ids (veRL sends no group id)."""
-    digest = hashlib.blake2b(b"".join(int(t).to_bytes(4, "little", signed=False) for t in prompt_ids),
-                             digest_size=10)
-    return digest.hexdigest()
+    """A GRPO group's key: the responses to one prompt share its token ids (veRL sends no group id).
+
+    The prompt's identity (`samrollout_client.prompt_identity`) in `GROUP_KEY_SIZE` bytes: the router
+    (`samrollout_client.verl.router`) and the servers compare these keys across processes.
+    """
+    return prompt_id(prompt_ids, GROUP_KEY_SIZE)
 
 
 def completion_body(model: str, prompt_ids: Sequence[int], sampling_params: Mapping[str, Any],

@@ -14,11 +14,13 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from typing import Any, Literal, get_args, get_origin
 
 import numpy as np
 
-from samrollout.drafter import DraftPolicy
+from samrollout.drafter import DraftPolicy, policy_field_types
 from samrollout.replay import long_context, report
 from samrollout.replay.oracle import SourceOracle
 from samrollout.replay.registry import (
@@ -98,32 +100,78 @@ def add_replay_parser(commands: Any) -> None:
                    help="rows per step in the long-context table (default 8: the tail batch at threshold 8)")
     p.add_argument("--json", help="write all results to this JSON file")
     p.add_argument("--plot", help="write a PNG of MAL and cost per drafter")
-    policy = p.add_argument_group("SAM draft policy (sam, sam-group, the oracle's own and group sources)")
-    defaults = DraftPolicy()
-    policy.add_argument("--occurrence", choices=["first", "recent", "frequent"], default=defaults.occurrence)
-    policy.add_argument("--min-probability", type=float, default=defaults.min_probability,
-                        help="frequent occurrence: a draft stops where its estimated acceptance probability "
-                             "falls below this")
-    policy.add_argument("--min-match", type=_min_match, default=defaults.min_match_length,
-                        help='shortest match that drafts, or "auto" (1: the engine on GPUs and NPUs)')
-    policy.add_argument("--match-scale", type=float, default=defaults.match_scale)
-    policy.add_argument("--source", choices=["own", "group", "both"], default=defaults.source)
-    policy.add_argument("--global-tokens", type=int, default=defaults.max_global_tokens, metavar="N",
-                        help="the global index of finished responses (max_global_tokens) for every SAM drafter; "
-                             "sam-global uses 2**22 when this is 0 (default: the engine's, 0)")
-    policy.add_argument("--global-margin", type=int, default=defaults.global_margin, metavar="TOKENS",
-                        help="a global draft wins when its match is longer than own/group's by more than this")
+    add_policy_flags(p.add_argument_group("SAM draft policy (sam, sam-group, the oracle's own and group sources)"))
     p.set_defaults(run=run)
 
 
-def _min_match(text: str) -> int | str:
-    """``--min-match`` value: a positive integer or "auto"."""
-    if text == "auto":
-        return text
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer or 'auto', got {text!r}") from None
+# The replay's flags for DraftPolicy fields are made from the dataclass: each field gets --its-name with
+# its type, choices, default and description.  These keep the flag names and metavars they had, plus a
+# note on how the replay uses them; the fields in POLICY_FIELDS_WITHOUT_FLAGS keep the policy's defaults.
+POLICY_FLAG_OVERRIDES: dict[str, dict[str, str]] = {
+    "min_match_length": {"flag": "--min-match"},
+    "max_global_tokens": {"flag": "--global-tokens", "metavar": "N",
+                          "note": "for every SAM drafter; sam-global uses 2**22 when this is 0"},
+    "global_margin": {"metavar": "TOKENS"},
+}
+POLICY_FIELDS_WITHOUT_FLAGS = frozenset({"group_margin", "max_request_tokens", "max_group_tokens"})
+
+
+def policy_flags() -> dict[str, str]:
+    """The DraftPolicy fields the replay takes as flags, each with its flag."""
+    return {knob.name: POLICY_FLAG_OVERRIDES.get(knob.name, {}).get("flag", "--" + knob.name.replace("_", "-"))
+            for knob in fields(DraftPolicy) if knob.name not in POLICY_FIELDS_WITHOUT_FLAGS}
+
+
+def add_policy_flags(group: Any) -> None:
+    """One flag per DraftPolicy field (`policy_flags`), typed and documented from the dataclass."""
+    defaults = DraftPolicy()
+    types = policy_field_types()
+    descriptions = {knob.name: knob.metadata.get("description", "") for knob in fields(DraftPolicy)}
+    for name, flag in policy_flags().items():
+        override = POLICY_FLAG_OVERRIDES.get(name, {})
+        text = "; ".join(part for part in (descriptions[name], override.get("note", "")) if part)
+        options: dict[str, Any] = {"default": getattr(defaults, name), "help": text.replace("%", "%%")}
+        if "metavar" in override:
+            options["metavar"] = override["metavar"]
+        choices = _literal_choices(types[name])
+        if get_origin(types[name]) is Literal:
+            options["choices"] = list(choices)
+        else:
+            options["type"] = _flag_type(name, types[name])
+        group.add_argument(flag, **options)
+
+
+def policy_from_args(args: argparse.Namespace) -> DraftPolicy:
+    """The DraftPolicy the policy flags give (fields without a flag keep their defaults)."""
+    return DraftPolicy(**{name: getattr(args, flag[2:].replace("-", "_")) for name, flag in policy_flags().items()})
+
+
+def _literal_choices(hint: Any) -> tuple[str, ...]:
+    """The Literal strings a field annotation allows (its Literal arms)."""
+    if get_origin(hint) is Literal:
+        return tuple(get_args(hint))
+    return tuple(choice for arm in get_args(hint) if get_origin(arm) is Literal for choice in get_args(arm))
+
+
+def _flag_type(name: str, hint: Any) -> Callable[[str], Any]:
+    """A flag's parser for a field annotation: int, float, or a number that may also be one of some words."""
+    words = _literal_choices(hint)
+    number: type = float if hint is float or float in get_args(hint) else int
+    if not words:
+        return number
+
+    def parse(text: str) -> Any:
+        if text in words:
+            return text
+        try:
+            return number(text)
+        except ValueError:
+            kind = "an integer" if number is int else "a number"
+            allowed = " or ".join([kind, *(repr(w) for w in words)])
+            raise argparse.ArgumentTypeError(f"must be {allowed}, got {text!r}") from None
+
+    parse.__name__ = name  # argparse names it in "invalid ... value" messages
+    return parse
 
 
 def _k(text: str) -> int:
@@ -156,49 +204,81 @@ def _count_tokens(groups: list[TraceGroup]) -> int:
     return sum(len(r) for g in groups for r in g.responses)
 
 
+class ReplayError(Exception):
+    """A replay that cannot go on: the message for ``samrollout replay: ...`` (exit status 2)."""
+
+
+@dataclass
+class ReplayPlan:
+    """What the flags resolved to: the files (loaded), drafters, oracle rows, response filters, the SAM
+    policy, and each drafter's k and threshold (None: it drafts in every round)."""
+
+    paths: list[str]
+    files: dict[str, list[TraceGroup]]
+    drafters: list[str]
+    oracles: list[list[str]]
+    filters: list[ResponseFilter]
+    where: list[tuple[str, Any]]
+    policy: DraftPolicy
+    k_of: dict[str, int]
+    threshold_of: dict[str, int | None]
+
+
 def run(args: argparse.Namespace) -> int:
     """Replay every trace file (under each response filter) through every drafter and the oracle;
     print tables, write JSON and plot."""
+    try:
+        replay_plan = plan(args)
+    except (TraceError, ValueError) as error:
+        print(f"samrollout replay: {error}", file=sys.stderr)
+        return 2
+    print(_format_plan(replay_plan))
+    if args.confident_match:
+        print(f"  past the threshold, ours still draft from matches of {args.confident_match}+ tokens "
+              f"(--confident-match)")
+    try:
+        runs, unavailable = run_replays(args, replay_plan)
+    except ReplayError as error:
+        print(f"samrollout replay: {error}", file=sys.stderr)
+        return 2
+    report_results(args, replay_plan, runs, unavailable)
+    return 0
+
+
+def plan(args: argparse.Namespace) -> ReplayPlan:
+    """Resolve the flags and load the traces; ValueError or TraceError says what is wrong."""
     paths = split_paths(args.traces) or [DEFAULT_TRACES]
     drafters = _names(args.drafters)
     if args.history < 0:
-        print("samrollout replay: --history must be >= 0", file=sys.stderr)
-        return 2
+        raise ValueError("--history must be >= 0")
     if args.history and args.drafters == ",".join(DEFAULT_DRAFTERS):
         drafters.insert(drafters.index("sam-group") + 1, "sam-history")
     oracles = [names for names in map(_names, args.oracle_sources or [",".join(DEFAULT_ORACLE_SOURCES)]) if names]
     filters: list[ResponseFilter] = ["clean", "all"] if args.responses == "both" else [args.responses]
-    try:
-        where = [parse_where(w) for w in args.where]
-        policy = DraftPolicy(occurrence=args.occurrence, min_match_length=args.min_match,
-                             match_scale=args.match_scale, source=args.source,
-                             max_global_tokens=args.global_tokens,
-                             global_margin=args.global_margin,
-                             min_probability=args.min_probability).for_hardware(on_cpu=False)
-        if ORACLE in drafters:
-            raise ValueError("the oracle is not a drafter you can pick: it is its own row (--oracle-sources)")
-        files = {path: load_traces(path, args.tokenizer, args.max_groups) for path in paths}
-    except (TraceError, ValueError) as error:
-        print(f"samrollout replay: {error}", file=sys.stderr)
-        return 2
+    where = [parse_where(w) for w in args.where]
+    policy = policy_from_args(args).for_hardware(on_cpu=False)
+    if ORACLE in drafters:
+        raise ValueError("the oracle is not a drafter you can pick: it is its own row (--oracle-sources)")
+    files = {path: load_traces(path, args.tokenizer, args.max_groups) for path in paths}
     k_of = {name: args.k or engine_k(name) for name in [*drafters, ORACLE]}
     threshold_of = {name: (engine_threshold(name) if args.threshold == "engine" or engine_threshold(name) is None
                            else args.threshold) for name in [*drafters, ORACLE]}
-    print(_plan(drafters, oracles, k_of, threshold_of, policy))
-    if args.confident_match:
-        print(f"  past the threshold, ours still draft from matches of {args.confident_match}+ tokens "
-              f"(--confident-match)")
+    return ReplayPlan(paths, files, drafters, oracles, filters, where, policy, k_of, threshold_of)
 
+
+def run_replays(args: argparse.Namespace, p: ReplayPlan) -> tuple[list[report.ReplayRun], dict[str, str]]:
+    """Replay each file under each filter through every drafter and oracle row, printing each table.
+    Returns the runs and the drafters that could not run (name -> why); ReplayError stops the replay."""
     runs: list[report.ReplayRun] = []
     unavailable: dict[str, str] = {}
-    for path, all_groups in files.items():
+    for path, all_groups in p.files.items():
         vocab = vocab_size(all_groups)
-        for which in filters:
-            groups, earlier = split_history(select(all_groups, which, where), args.history)
+        for which in p.filters:
+            groups, earlier = split_history(select(all_groups, which, p.where), args.history)
             total = sum(len(g.responses) for g in all_groups)
             run_ = report.ReplayRun(path, which, len(groups), sum(len(g.responses) for g in groups),
                                     _count_tokens(groups), sum(1 for g in groups if len(g.responses) == 1))
-            header = (f"== {path}, responses: {which}{' ' + ' '.join(args.where) if where else ''}: "
+            header = (f"== {path}, responses: {which}{' ' + ' '.join(args.where) if p.where else ''}: "
                       f"{run_.responses_count} of {total} responses in {len(groups)} of {len(all_groups)} groups, "
                       f"{run_.response_tokens} response tokens")
             print(f"\n{header}")
@@ -216,52 +296,55 @@ def run(args: argparse.Namespace) -> int:
                 print("   no responses pass the filter: nothing to replay")
                 runs.append(run_)
                 continue
-            for name in drafters:
+            for name in p.drafters:
                 try:
-                    drafter = factory(name, vocab, policy, args.confident_match)()
+                    drafter = factory(name, vocab, p.policy, args.confident_match)()
                 except RuntimeError as error:
                     if name not in unavailable:
                         print(f"skipped {error}", file=sys.stderr)
                     unavailable[name] = str(error)
                     continue
                 except ValueError as error:
-                    print(f"samrollout replay: {error}", file=sys.stderr)
-                    return 2
+                    raise ReplayError(str(error)) from error
                 start = time.perf_counter()
-                run_.results.append(replay(drafter, groups, k_of[name], args.tail_rows, threshold_of[name],
+                run_.results.append(replay(drafter, groups, p.k_of[name], args.tail_rows, p.threshold_of[name],
                                            earlier))
                 run_.seconds[name] = time.perf_counter() - start
-            for sources in oracles:
+            for sources in p.oracles:
                 try:
-                    oracle = SourceOracle([(s, make_source(s, vocab, policy)) for s in sources])
+                    oracle = SourceOracle([(s, make_source(s, vocab, p.policy)) for s in sources])
                 except (RuntimeError, ValueError) as error:
-                    print(f"samrollout replay: oracle source {error}", file=sys.stderr)
-                    return 2
+                    raise ReplayError(f"oracle source {error}") from error
                 start = time.perf_counter()
-                run_.results.append(replay(oracle, groups, k_of[ORACLE], args.tail_rows, threshold_of[ORACLE],
+                run_.results.append(replay(oracle, groups, p.k_of[ORACLE], args.tail_rows, p.threshold_of[ORACLE],
                                            earlier))
                 run_.seconds[oracle.name] = time.perf_counter() - start
             print(report.format_table(run_.results))
             runs.append(run_)
+    return runs, unavailable
 
-    costs = _long_context(args, paths[0], files[paths[0]], [r.name for r in runs[0].results if not r.is_oracle],
-                          k_of, policy) if runs and runs[0].results else []
+
+def report_results(args: argparse.Namespace, p: ReplayPlan, runs: list[report.ReplayRun],
+                   unavailable: dict[str, str]) -> None:
+    """The long-context cost table, what could not run, the JSON file and the plot."""
+    first = p.paths[0]
+    costs = _long_context(args, first, p.files[first], [r.name for r in runs[0].results if not r.is_oracle],
+                          p.k_of, p.policy) if runs and runs[0].results else []
     for why in unavailable.values():
         print(f"\nnot run: {why}")
+    names = [*p.drafters, ORACLE]
     meta = {"options": {key: value for key, value in vars(args).items() if key != "run"},
-            "traces": paths, "responses": filters, "where": args.where, "max_groups": args.max_groups,
-            "k": {name: k_of[name] for name in [*drafters, ORACLE] if name not in unavailable},
-            "drafts_at_most_running": {name: threshold_of[name] for name in [*drafters, ORACLE]
-                                       if name not in unavailable},
-            "oracle_sources": oracles, "policy": policy.as_dict(), "tail_rows": args.tail_rows,
+            "traces": p.paths, "responses": p.filters, "where": args.where, "max_groups": args.max_groups,
+            "k": {name: p.k_of[name] for name in names if name not in unavailable},
+            "drafts_at_most_running": {name: p.threshold_of[name] for name in names if name not in unavailable},
+            "oracle_sources": p.oracles, "policy": p.policy.as_dict(), "tail_rows": args.tail_rows,
             "engine_defaults": {"k": ENGINE.k, "threshold_mode": ENGINE.threshold_mode,
                                 "threshold": ENGINE.threshold, "min_match_length": "auto (1 on GPUs and NPUs)"},
-            "long_context_traces": paths[0], "unavailable": unavailable}
+            "long_context_traces": first, "unavailable": unavailable}
     if args.json:
         report.write_json(args.json, runs, costs, meta)
     if args.plot and any(run_.results for run_ in runs):
-        report.write_plot(args.plot, [r for r in runs if r.results], costs, plot_title(args.k, threshold_of[ORACLE]))
-    return 0
+        report.write_plot(args.plot, [r for r in runs if r.results], costs, plot_title(args.k, p.threshold_of[ORACLE]))
 
 
 def split_history(groups: list[TraceGroup], count: int) -> tuple[list[TraceGroup], list[list[np.ndarray]]]:
@@ -282,21 +365,20 @@ def plot_title(k: int | None, threshold: int | None) -> str:
     return f"replay, {k_text}; ours and the oracles draft {gate}, vLLM's peers every round"
 
 
-def _plan(drafters: list[str], oracles: list[list[str]], k_of: dict[str, int], threshold_of: dict[str, int | None],
-          policy: DraftPolicy) -> str:
+def _format_plan(p: ReplayPlan) -> str:
     """One line per drafter: its k and when it drafts (what "as the engine would" resolved to)."""
     lines = ["drafting plan (k, and the most running responses at which a round drafts):"]
 
     def when(name: str) -> str:
-        return "every round" if threshold_of[name] is None else f"<= {threshold_of[name]} running"
+        return "every round" if p.threshold_of[name] is None else f"<= {p.threshold_of[name]} running"
 
-    for name in drafters:
-        lines.append(f"  {name:<14} k={k_of[name]:<3} {when(name)}")
-    for sources in oracles:
-        lines.append(f"  {ORACLE:<14} k={k_of[ORACLE]:<3} {when(ORACLE)}, sources {'+'.join(sources)} "
+    for name in p.drafters:
+        lines.append(f"  {name:<14} k={p.k_of[name]:<3} {when(name)}")
+    for sources in p.oracles:
+        lines.append(f"  {ORACLE:<14} k={p.k_of[ORACLE]:<3} {when(ORACLE)}, sources {'+'.join(sources)} "
                      f"(not a drafter: the best source per step)")
-    own = any(s in OWN_SOURCES for sources in oracles for s in sources)
-    lines.append(f"  SAM policy {policy.as_dict()}" + (" (also the oracle's own and group sources)" if own else ""))
+    own = any(s in OWN_SOURCES for sources in p.oracles for s in sources)
+    lines.append(f"  SAM policy {p.policy.as_dict()}" + (" (also the oracle's own and group sources)" if own else ""))
     return "\n".join(lines)
 
 

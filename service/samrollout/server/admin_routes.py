@@ -214,12 +214,14 @@ async def status(request: Request, drafter: bool = True) -> dict[str, Any]:
     asking the engine would wait behind its output backlog on a busy machine, and its
     ``is_sleeping()`` is also true while generation is merely paused.  The drafter's counters
     come from the engine's worker process, a round trip that can take seconds while the engine is busy:
-    ``?drafter=false`` leaves them out (``"drafter": null``), for polling the queue.
+    ``?drafter=false`` leaves them out (``"drafter": null``), for polling the queue.  They are
+    `ProposerStats.to_json` (``{}`` with speculation off).
     """
     runtime = _runtime(request)
+    stats = await runtime.drafter_stats() if drafter else None
     return {"model": runtime.model_name, "weight_version": runtime.weight_version,
             "paused": runtime.paused, "sleeping": runtime.sleep_level is not None,
             "sleep_level": runtime.sleep_level, "in_flight_requests": len(runtime.inflight),
             "scheduling": runtime.scheduling_status(), "weight_uploads": runtime.weight_uploads.status(),
             "queue": runtime.queue.status(),
-            "drafter": await runtime.drafter_stats() if drafter else None}
+            "drafter": None if not drafter else {} if stats is None else stats.to_json()}

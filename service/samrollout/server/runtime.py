@@ -29,9 +29,11 @@ from samrollout.server.length_predictor import LengthPredictor
 from samrollout.server.queue_limit import QueueLimit
 from samrollout.server.scheduled_engine import ScheduledEngineClient, output_tokens_so_far
 from samrollout.server.settings import ServerSettings
+from samrollout.server.vllm_argv import vllm_argv
 from samrollout.server.weight_labels import WeightLabels, labelling_client
 from samrollout.server.weight_uploads import WeightUploads, default_max_bytes, default_staging_root
 from samrollout.server.weights_check import Layout, WeightsError, check_weights_dir, checkpoint_layout
+from samrollout.spec_decode.stats import ProposerStats
 
 logger = logging.getLogger("samrollout.server")
 InFlightChoice = Literal["wait", "abort"]
@@ -64,8 +66,8 @@ def vllm_namespace(settings: ServerSettings, model_path: str) -> argparse.Namesp
         logger.info("per-request metrics are off: vLLM %s has no --enable-per-request-metrics (responses carry "
                     "no `metrics`; /metrics and rollout summaries still count acceptance)", installed_vllm_version())
     parser = make_arg_parser(FlexibleArgumentParser(prog="samrollout serve (vLLM engine flags)"))  # type: ignore[no-untyped-call]
-    argv = settings.vllm_argv(model_path, current_platform.is_cpu(), per_request_metrics_flags=PER_REQUEST_METRICS,
-                              on_cuda=current_platform.is_cuda())
+    argv = vllm_argv(settings, model_path, current_platform.is_cpu(), per_request_metrics_flags=PER_REQUEST_METRICS,
+                     on_cuda=current_platform.is_cuda())
     args: argparse.Namespace = parser.parse_args(argv)
     validate_parsed_serve_args(args)
     return args
@@ -175,15 +177,16 @@ class ServerRuntime:
         logger.info("weights %s -> %s loaded from %s (in-flight: %s)", old, version, source, in_flight)
         return {"weight_version": version, "previous_version": old, "in_flight": in_flight}
 
-    async def drafter_stats(self) -> dict[str, Any]:
-        """The proposer's stats (`SamProposer.stats`) of the first worker; empty with speculation off.
+    async def drafter_stats(self) -> ProposerStats | None:
+        """The proposer's stats (`SamProposer.stats`) of the first worker; None with speculation off.
 
         With tensor parallelism every rank runs the same proposer on the same batch, so
-        one rank's counters are the engine's.
+        one rank's counters are the engine's.  They cross from the worker as JSON, read back
+        strictly (`ProposerStats.from_json`: a missing or unknown key is an error, not a zero).
         """
         replies = await self.engine.collective_rpc("samrollout_drafter_stats")
-        first: dict[str, Any] = replies[0] if replies else {}
-        return first
+        first: dict[str, Any] | None = replies[0] if replies else None
+        return None if first is None else ProposerStats.from_json(first)
 
 
 def build_engine(settings: ServerSettings, model_path: str) -> tuple[Any, argparse.Namespace]:

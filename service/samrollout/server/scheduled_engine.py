@@ -21,6 +21,7 @@ from typing import Any
 from samrollout.config import GROUP_FIELD
 from samrollout.server.admission import AdmissionScheduler
 from samrollout.server.length_predictor import prompt_key
+from samrollout_client.prompt_identity import sibling_group
 
 
 def output_tokens_so_far(engine: Any, request_id: str) -> int:
@@ -77,7 +78,7 @@ class ScheduledEngineClient:
                        **kwargs: Any) -> AsyncGenerator[Any, None]:
         """vLLM's `generate`, each sequence admitted by the scheduler; ``n > 1`` fanned out and merged."""
         extra = getattr(sampling_params, "extra_args", None) or {}
-        group = str(extra.get(GROUP_FIELD) or f"n:{request_id}")
+        group = str(extra.get(GROUP_FIELD) or sibling_group(request_id))
         prompt_id = prompt_key(_prompt_token_ids(prompt), group)
         if sampling_params.n == 1:
             async for out in self._sequence(prompt, sampling_params, request_id, request_id, group, prompt_id,

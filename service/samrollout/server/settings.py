@@ -1,8 +1,14 @@
-"""One typed settings object for the server: CLI flags, ``SAMROLLOUT_*`` environment variables, defaults.
+"""One typed settings model for the server, from which everything else is derived.
 
-Precedence is flag > environment variable > default.  Every value is checked when the
-object is made (pydantic), so a bad setting stops `samrollout serve` at start-up with a
-message naming it, before any model is loaded.
+Each field of `ServerSettings` is one setting with one name and one range: its ``--flag`` (type,
+choices and help come from the field's annotation and description), its ``SAMROLLOUT_*``
+environment variable, its Helm value (``server.<camelCase>``, checked against the field by
+tests/test_helm_chart.py), its line in the docs (rendered from the field by
+docs/hooks/settings_reference.py) and, for speculation settings, the `SpeculationConfig` field it
+sets (``json_schema_extra={"speculation": name}``).  Precedence is flag > environment variable >
+default.  Every value is checked when the object is made (pydantic), so a bad setting stops
+`samrollout serve` at start-up with a message naming it, before any model is loaded.  Turning the
+settings into vLLM's flags is `samrollout.server.vllm_argv`'s job.
 """
 
 from __future__ import annotations
@@ -10,70 +16,93 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import json
-from typing import Any, Literal, Self
+import types
+from typing import Any, Literal, Self, Union, get_args, get_origin
 
 from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic.config import JsonDict
+from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from samrollout.config import (
-    ADDITIONAL_CONFIG_KEY,
+    SPECULATION_LIMITS,
     SpeculationConfig,
     ThresholdMode,
     default_critical_path,
     default_draft_range,
     parse_draft_range,
 )
-from samrollout.cpu_defaults import cpu_dtype
 from samrollout.drafter import DraftPolicy
-from samrollout.engine import vllm_speculative_config
-from samrollout.server.admission import SCHEDULING_POLICIES, SchedulingPolicy
-from samrollout.spec_decode.worker_extension import WORKER_EXTENSION_CLASS
+from samrollout.server.admission import SchedulingPolicy
 
 BUILTIN_MODEL_NAME = "smollm2-135m-instruct"
 LogLevel = Literal["debug", "info", "warning", "error"]
+ENV_PREFIX = "SAMROLLOUT_"
+# Settings that are not flags: extra vLLM flags come after `--` (a positional remainder).
+NOT_FLAGS = frozenset({"vllm_args"})
+
+
+def _metavar(name: str) -> JsonDict:
+    """A setting's ``json_schema_extra`` naming its flag's value in --help."""
+    return {"metavar": name}
+
+
+def _speculation(name: str, description: str, metavar: str | None = None) -> Any:
+    """The field of a setting that is the `SpeculationConfig` field ``name``: its default and its range come from
+    there (`SPECULATION_LIMITS`), so the flag, the variable and the Python API accept the same values."""
+    low, high = SPECULATION_LIMITS.get(name, (None, None))
+    extra: JsonDict = {"speculation": name} if metavar is None else {"speculation": name, "metavar": metavar}
+    return Field(getattr(SpeculationConfig, name), ge=low, le=high, json_schema_extra=extra, description=description)
 
 
 class ServerSettings(BaseSettings):
     """What `samrollout serve` runs: the model, where it listens, speculation, engine limits."""
 
     # An empty SAMROLLOUT_* variable means unset (compose files and charts pass optional values that way).
-    model_config = SettingsConfigDict(env_prefix="SAMROLLOUT_", extra="forbid", env_ignore_empty=True)
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid", env_ignore_empty=True)
 
-    model: str | None = Field(None, description="HF model directory or id; unset: the built-in SmolLM2-135M-Instruct")
-    served_model_name: str | None = Field(None, description="name clients pass as `model` (default: the model path)")
+    model: str | None = Field(None, json_schema_extra=_metavar("PATH"),
+        description="HF model directory or id; unset: the built-in SmolLM2-135M-Instruct")
+    served_model_name: str | None = Field(None, json_schema_extra=_metavar("NAME"),
+        description="name clients pass as `model` (default: the model path)")
     host: str = Field("127.0.0.1", description="address to listen on")
     port: int = Field(8000, ge=0, le=65535, description="port to listen on (0: any free port)")
     api_key: SecretStr | None = Field(None, min_length=1,
-                                      description="when set, /v1 and /admin require `Authorization: Bearer`")
+                                      json_schema_extra=_metavar("KEY"),
+        description="when set, /v1 and /admin require `Authorization: Bearer`")
     allow_unauthenticated_admin: bool = Field(
         False, description="serve /v1 and /admin without a key on a non-loopback --host (otherwise refused)")
     speculation: bool = Field(True, description="SAM speculative decoding on or off")
-    k: int = Field(3, ge=1, le=16, description="draft tokens per step")
-    threshold_mode: ThresholdMode = Field("static", description="off | static | adaptive")
-    threshold: int = Field(8, ge=1, description="running requests at or below which drafting runs")
+    k: int = _speculation("k", description="draft tokens per step")
+    threshold_mode: ThresholdMode = _speculation("threshold_mode", description="off | static | adaptive")
+    threshold: int = _speculation("threshold", description="running requests at or below which drafting runs")
     draft_range: str = Field(
-        "auto", description='draft length by running requests, "R:K,..." (k drafts while at most R run, none '
+        "auto", json_schema_extra=_metavar("auto|none|R:K,..."),
+        description='draft length by running requests, "R:K,..." (k drafts while at most R run, none '
         'above the last R), e.g. "2:16,8:8"; "none": --k up to --threshold; "auto": the backend\'s projected '
         "default (CUDA: 32:8,256:K with K = --k, 8 raised to --k if larger; CPU and NPU: none, --k up to "
         "--threshold)")
-    group_drafting: bool = Field(True, description="siblings of one group draft from a shared automaton")
-    draft_history_tokens: int = Field(
-        SpeculationConfig.history_tokens, ge=0, le=1 << 30,
+    group_drafting: bool = _speculation(
+        "group_drafting", description="siblings of one group draft from a shared automaton")
+    draft_history_tokens: int = _speculation(
+        "history_tokens", metavar="TOKENS",
         description="response tokens of earlier rollouts kept as drafting text for later rollouts of the same "
         "prompt (LRU; 0: off); with it on, requests without a group id are grouped by prompt")
-    confident_match: int = Field(
-        SpeculationConfig.confident_match, ge=0, le=1 << 30,
+    confident_match: int = _speculation(
+        "confident_match", metavar="TOKENS",
         description="past the threshold, rows whose draft comes from a match of at least this many tokens "
         "still draft, at most --k tokens (0: off)")
     critical_path: str = Field(
-        "auto", description='critical-path drafting, "ROWS:K": at every batch size the ROWS running requests '
+        "auto", json_schema_extra=_metavar("auto|none|ROWS:K"),
+        description='critical-path drafting, "ROWS:K": at every batch size the ROWS running requests '
         "that have run longest (and longer than the rest) draft up to K tokens; \"none\": off; \"auto\": the "
         "backend's projected default (CUDA: 8:8; CPU and NPU: none)")
-    draft_history_responses: int = Field(
-        SpeculationConfig.history_responses, ge=1, le=1024,
+    draft_history_responses: int = _speculation(
+        "history_responses", metavar="N",
         description="earlier responses kept per prompt (the newest)")
     draft_policy: dict[str, Any] = Field(
-        default_factory=dict, description='DraftPolicy fields as a JSON object, e.g. {"min_match_length": 2}; '
+        default_factory=dict, json_schema_extra=_metavar("JSON"),
+        description='DraftPolicy fields as a JSON object, e.g. {"min_match_length": 2}; '
         "fields left out keep their defaults")
     max_model_len: int | None = Field(None, ge=16, description="context length (default: the model's)")
     gpu_memory_utilization: float | None = Field(
@@ -86,13 +115,13 @@ class ServerSettings(BaseSettings):
         None, ge=1, description="longest prompt, in tokens, a request may send (default: the context length)")
     dtype: str = Field("auto", description="model dtype passed to vLLM (auto on a CPU without native bfloat16: "
                        "float32, several times faster there)")
-    compile: bool | None = Field(
-        None, description="torch compile (vLLM's default) instead of eager mode (default: on, but off on CPU, "
-        "where the first start compiled for minutes and gained nothing measurable)")
     seed: int = Field(0, description="engine seed")
     weight_version: str = Field("initial", min_length=1, description="version tag of the weights loaded at start")
     chunked_prefill: bool = Field(
         True, description="split long prompts across engine steps, so one long prompt cannot stall the others")
+    compile: bool | None = Field(
+        None, description="torch compile (vLLM's default) instead of eager mode (default: on, but off on CPU, "
+        "where the first start compiled for minutes and gained nothing measurable)")
     per_request_metrics: bool = Field(
         True, description="per-request timing and acceptance in responses (n = 1; vLLM 0.32 and 0.33, not 0.23)")
     rollout_scheduling: SchedulingPolicy = Field(
@@ -104,7 +133,8 @@ class ServerSettings(BaseSettings):
     rollout_idle_seconds: float = Field(2.0, gt=0.0, description="a rollout ends this long after its last response")
     shutdown_timeout: float = Field(30.0, ge=0.0, description="seconds SIGTERM waits for in-flight requests")
     weight_staging_dir: str | None = Field(
-        None, min_length=1, description="directory where weights pushed over HTTP (/admin/weight_uploads) are "
+        None, min_length=1, json_schema_extra=_metavar("DIR"),
+        description="directory where weights pushed over HTTP (/admin/weight_uploads) are "
         "staged until they are committed (default: samrollout-weight-uploads under the system temp dir)")
     max_weight_upload_bytes: int | None = Field(
         None, ge=1, description="most bytes one weight upload may stage, all its files together (default: twice "
@@ -117,16 +147,20 @@ class ServerSettings(BaseSettings):
         True, description="refuse weight updates holding NaN or infinite values (reads every tensor once; off: "
         "for trainers that check their weights themselves)")
     weight_check_timeout: float = Field(
-        600.0, gt=0.0, description="seconds a weight update's file checks may take before it is refused (the "
+        600.0, gt=0.0, json_schema_extra=_metavar("SECONDS"),
+        description="seconds a weight update's file checks may take before it is refused (the "
         "value check reads every byte: about 1 GB/s per core)")
     max_request_bytes: int = Field(
-        32 * 1024 * 1024, ge=1024, description="largest request body (413 beyond, before it is read); weight "
+        32 * 1024 * 1024, ge=1024, json_schema_extra=_metavar("BYTES"),
+        description="largest request body (413 beyond, before it is read); weight "
         "files pushed to /admin/weight_uploads have their own limit")
     max_connections: int = Field(1024, ge=1, description="open HTTP connections (beyond: 503 and closed)")
     header_timeout: float = Field(
-        15.0, gt=0.0, description="seconds a connection may take to send a request's headers (also an idle "
+        15.0, gt=0.0, json_schema_extra=_metavar("SECONDS"),
+        description="seconds a connection may take to send a request's headers (also an idle "
         "new connection), then it is closed")
-    keep_alive_timeout: int = Field(5, ge=1, description="seconds an idle keep-alive connection stays open")
+    keep_alive_timeout: int = Field(5, ge=1, json_schema_extra=_metavar("SECONDS"),
+        description="seconds an idle keep-alive connection stays open")
     max_queued_requests: int = Field(
         16384, ge=0, description="sequences (prompts x n) that may wait beyond those the engine runs; beyond: 429 "
         "with Retry-After")
@@ -190,46 +224,11 @@ class ServerSettings(BaseSettings):
         """
         if not self.speculation:
             return None
-        draft_range = default_draft_range(self.draft_range, self.k, self.threshold, on_cuda)
+        values = {target: getattr(self, name) for name, target in speculation_fields().items()}
         critical_rows, critical_k = default_critical_path(self.critical_path, on_cuda)
-        return SpeculationConfig(k=self.k, threshold_mode=self.threshold_mode, threshold=self.threshold,
-                                 group_drafting=self.group_drafting, policy=DraftPolicy.from_dict(self.draft_policy),
-                                 draft_range=draft_range, history_tokens=self.draft_history_tokens,
-                                 history_responses=self.draft_history_responses,
-                                 confident_match=self.confident_match, critical_rows=critical_rows,
-                                 critical_k=critical_k)
-
-    def vllm_argv(self, model_path: str, on_cpu: bool, per_request_metrics_flags: bool = True,
-                  on_cuda: bool = False) -> list[str]:
-        """vLLM server flags for this configuration (parsed by vLLM's own argument parser).
-
-        ``per_request_metrics_flags``: whether the installed vLLM has the per-request metrics
-        flags (0.32 does, 0.23 does not: then `per_request_metrics` passes nothing).
-        ``on_cuda``: the engine runs on CUDA GPUs (the draft range's "auto").
-        """
-        memory = self.gpu_memory_utilization or (0.3 if on_cpu else 0.9)
-        speculation = self.speculation_config(on_cuda)
-        argv = ["--model", model_path, "--served-model-name", self.public_model_name(model_path),
-                "--seed", str(self.seed), "--dtype", cpu_dtype(self.dtype) if on_cpu else self.dtype,
-                "--tensor-parallel-size", str(self.tensor_parallel_size),
-                "--gpu-memory-utilization", str(memory),
-                "--worker-extension-cls", WORKER_EXTENSION_CLASS]
-        if self.max_model_len is not None:
-            argv += ["--max-model-len", str(self.max_model_len)]
-        if not self.chunked_prefill:
-            argv.append("--no-enable-chunked-prefill")
-        if self.compile is False or (self.compile is None and on_cpu):
-            argv.append("--enforce-eager")
-        if self.per_request_metrics and per_request_metrics_flags:
-            argv.append("--enable-per-request-metrics")
-            if speculation is not None:
-                argv += ["--per-request-spec-decode-metrics", "summary"]
-        if self.max_num_seqs is not None:
-            argv += ["--max-num-seqs", str(self.max_num_seqs)]
-        if speculation is not None:
-            argv += ["--speculative-config", json.dumps(vllm_speculative_config(speculation)),
-                     "--additional-config", json.dumps({ADDITIONAL_CONFIG_KEY: speculation.to_json()})]
-        return argv + list(self.vllm_args)
+        return SpeculationConfig(
+            **values, policy=DraftPolicy.from_dict(self.draft_policy), critical_rows=critical_rows,
+            critical_k=critical_k, draft_range=default_draft_range(self.draft_range, self.k, self.threshold, on_cuda))
 
     def public_model_name(self, model_path: str) -> str:
         """The model name clients send and `/v1/models` lists."""
@@ -252,56 +251,6 @@ def is_loopback(host: str) -> bool:
     return address.is_loopback
 
 
-_FLAGS: dict[str, dict[str, Any]] = {
-    "model": {"metavar": "PATH"},
-    "served_model_name": {"metavar": "NAME"},
-    "host": {},
-    "port": {"type": int},
-    "api_key": {"metavar": "KEY"},
-    "allow_unauthenticated_admin": {"action": argparse.BooleanOptionalAction},
-    "speculation": {"action": argparse.BooleanOptionalAction},
-    "k": {"type": int},
-    "threshold_mode": {"choices": ["off", "static", "adaptive"]},
-    "threshold": {"type": int},
-    "draft_range": {"metavar": "auto|none|R:K,..."},
-    "group_drafting": {"action": argparse.BooleanOptionalAction},
-    "draft_history_tokens": {"type": int, "metavar": "TOKENS"},
-    "confident_match": {"type": int, "metavar": "TOKENS"},
-    "critical_path": {"metavar": "auto|none|ROWS:K"},
-    "draft_history_responses": {"type": int, "metavar": "N"},
-    "draft_policy": {"type": lambda text: json_object(text, "--draft-policy"), "metavar": "JSON"},
-    "max_model_len": {"type": int},
-    "gpu_memory_utilization": {"type": float},
-    "tensor_parallel_size": {"type": int},
-    "max_num_seqs": {"type": int},
-    "max_n": {"type": int},
-    "max_prompts": {"type": int},
-    "max_prompt_tokens": {"type": int},
-    "dtype": {},
-    "seed": {"type": int},
-    "weight_version": {},
-    "chunked_prefill": {"action": argparse.BooleanOptionalAction},
-    "compile": {"action": argparse.BooleanOptionalAction},
-    "per_request_metrics": {"action": argparse.BooleanOptionalAction},
-    "rollout_scheduling": {"choices": list(SCHEDULING_POLICIES)},
-    "scheduling_history": {"type": int},
-    "rollout_idle_seconds": {"type": float},
-    "shutdown_timeout": {"type": float},
-    "weight_staging_dir": {"metavar": "DIR"},
-    "max_weight_upload_bytes": {"type": int},
-    "max_weight_uploads": {"type": int},
-    "weight_upload_idle_seconds": {"type": float},
-    "weight_value_check": {"action": argparse.BooleanOptionalAction},
-    "weight_check_timeout": {"type": float, "metavar": "SECONDS"},
-    "max_request_bytes": {"type": int, "metavar": "BYTES"},
-    "max_connections": {"type": int},
-    "header_timeout": {"type": float, "metavar": "SECONDS"},
-    "keep_alive_timeout": {"type": int, "metavar": "SECONDS"},
-    "max_queued_requests": {"type": int},
-    "log_level": {"choices": ["debug", "info", "warning", "error"]},
-}
-
-
 def json_object(text: str, flag: str) -> dict[str, Any]:
     """A flag's JSON object value; anything else is an argparse error naming the flag."""
     try:
@@ -313,22 +262,64 @@ def json_object(text: str, flag: str) -> dict[str, Any]:
     return value
 
 
+def speculation_fields() -> dict[str, str]:
+    """Server setting -> the `SpeculationConfig` field it sets as is (the settings marked ``speculation``)."""
+    return {name: str(extra["speculation"]) for name, field in ServerSettings.model_fields.items()
+            if isinstance(extra := field.json_schema_extra, dict) and "speculation" in extra}
+
+
+def env_var(name: str) -> str:
+    """The environment variable of a setting: ``SAMROLLOUT_MAX_MODEL_LEN`` for ``max_model_len``."""
+    return f"{ENV_PREFIX}{name.upper()}"
+
+
+def flag(name: str) -> str:
+    """The command-line flag of a setting: ``--max-model-len`` for ``max_model_len``."""
+    return f"--{name.replace('_', '-')}"
+
+
+def flag_options(name: str, field: FieldInfo) -> dict[str, Any]:
+    """argparse keywords for a setting's flag, from the field's type: booleans are ``--x/--no-x``, Literal types
+    give the choices, numbers their type, JSON objects are parsed; a ``metavar`` in the field's extra names the
+    value."""
+    annotation = field.annotation
+    if get_origin(annotation) in (Union, types.UnionType):
+        annotation = next(arg for arg in get_args(annotation) if arg is not type(None))
+    options: dict[str, Any] = {}
+    if annotation is bool:
+        options["action"] = argparse.BooleanOptionalAction
+    elif get_origin(annotation) is Literal:
+        options["choices"] = list(get_args(annotation))
+    elif annotation in (int, float):
+        options["type"] = annotation
+    elif get_origin(annotation) is dict:
+        options["type"] = lambda text: json_object(text, flag(name))
+    if isinstance(extra := field.json_schema_extra, dict) and "metavar" in extra:
+        options["metavar"] = extra["metavar"]
+    return options
+
+
+def default_text(name: str, field: FieldInfo) -> str:
+    """A setting's default as help and docs show it."""
+    return "built-in model" if name == "model" else str(field.get_default(call_default_factory=True))
+
+
 def add_settings_flags(parser: argparse.ArgumentParser) -> None:
     """One flag per setting (``--max-model-len`` for ``max_model_len``); unset flags keep env/defaults."""
-    for name, options in _FLAGS.items():
-        field = ServerSettings.model_fields[name]
-        env = f"SAMROLLOUT_{name.upper()}"
-        default = "built-in model" if name == "model" else field.get_default(call_default_factory=True)
-        help_text = f"{field.description} [env {env}; default {default}]"
-        parser.add_argument(f"--{name.replace('_', '-')}", dest=name, default=argparse.SUPPRESS,
-                            help=help_text, **options)
+    for name, field in ServerSettings.model_fields.items():
+        if name in NOT_FLAGS:
+            continue
+        help_text = f"{field.description} [env {env_var(name)}; default {default_text(name, field)}]"
+        parser.add_argument(flag(name), dest=name, default=argparse.SUPPRESS, help=help_text,
+                            **flag_options(name, field))
     parser.add_argument("vllm_args", nargs=argparse.REMAINDER, default=[],
                         help="after `--`: extra vLLM engine flags, e.g. -- --max-num-batched-tokens 4096")
 
 
 def settings_from_args(args: argparse.Namespace) -> ServerSettings:
     """Settings from parsed flags over the environment."""
-    given = {name: getattr(args, name) for name in _FLAGS if hasattr(args, name)}
+    given = {name: getattr(args, name) for name in ServerSettings.model_fields
+             if name not in NOT_FLAGS and hasattr(args, name)}
     extra = [a for a in getattr(args, "vllm_args", []) if a != "--"]
     if extra:
         given["vllm_args"] = extra

@@ -13,6 +13,7 @@ from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from samrollout.config import SpeculationConfig
+from samrollout.spec_decode.stats import GateBucket
 
 
 class Gate:
@@ -40,7 +41,7 @@ class Gate:
     def forget(self, request_ids: Iterable[Hashable]) -> None:
         """Drop state of requests that left the engine."""
 
-    def summary(self) -> dict[str, dict[str, float]]:
+    def summary(self) -> dict[str, GateBucket]:
         """What the gate has measured, per batch-size bucket (nothing for gates that measure nothing)."""
         return {}
 
@@ -139,13 +140,12 @@ class AdaptiveGate(Gate):
             return None
         return on > off
 
-    def summary(self) -> dict[str, dict[str, float]]:
+    def summary(self) -> dict[str, GateBucket]:
         """Per bucket, named by its largest batch size ("<=8"): measured on/off rates and step counts."""
-        table: dict[str, dict[str, float]] = {}
+        table: dict[str, GateBucket] = {}
         for b in sorted(set(self._on) | set(self._off)):
             on, off = self._on.get(b, _Ema()), self._off.get(b, _Ema())
-            table[f"<={1 << b}"] = {"on_tokens_per_s": on.value, "off_tokens_per_s": off.value,
-                                    "on_steps": on.count, "off_steps": off.count}
+            table[f"<={1 << b}"] = GateBucket(on.value, off.value, on.count, off.count)
         return table
 
     def allow_step(self, running: int) -> bool:

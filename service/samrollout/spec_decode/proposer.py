@@ -20,7 +20,9 @@ from samrollout.config import ADDITIONAL_CONFIG_KEY, GROUP_FIELD, SpeculationCon
 from samrollout.spec_decode.cpu_sampled_verification import sampled_verification_is_exact
 from samrollout.spec_decode.draft_log import DraftLogWriter
 from samrollout.spec_decode.schedule import dense_from_range, dense_schedule
-from samrollout.spec_decode.session import STEP_SECONDS_BUCKETS, DraftSession, SessionSettings, StepRow
+from samrollout.spec_decode.session import DraftSession, SessionSettings, StepRow
+from samrollout.spec_decode.stats import STEP_SECONDS_BUCKETS, ProposerStats
+from samrollout_client.prompt_identity import sibling_group
 
 __all__ = ["STEP_SECONDS_BUCKETS", "SamProposer", "find_model_runner", "group_of"]
 
@@ -58,7 +60,7 @@ def group_of(request_id: str, extra_args: dict[str, Any] | None) -> str | None:
     head, _, rest = request_id.partition("_")
     if head.isdigit() and rest:
         parent, dash, suffix = rest.rpartition("-")
-        return f"n:{parent if dash and len(suffix) == 8 else rest}"
+        return sibling_group(parent if dash and len(suffix) == 8 else rest)
     return None
 
 
@@ -69,12 +71,12 @@ class SamProposer:
         spec = vllm_config.speculative_config
         extra = vllm_config.additional_config or {}
         settings = dict(extra.get(ADDITIONAL_CONFIG_KEY, {})) if isinstance(extra, dict) else {}
-        largest = int(spec.num_speculative_tokens)
-        # Past the threshold confident drafts take the configured k, not the tail's longer range: the batch
-        # is bigger there and long drafts are accepted less (SpeculationConfig.confident_match).
-        confident_k = min(int(settings.get("k", largest)), largest)
-        settings["k"] = largest
         config = SpeculationConfig.from_json(settings)
+        # The largest draft is what vLLM verifies (num_speculative_tokens, set from config.largest_draft()); the
+        # config's k stays the user's k, the length of confident drafts past the threshold: the batch is bigger
+        # there and long drafts are accepted less (SpeculationConfig.confident_match).
+        largest = int(spec.num_speculative_tokens)
+        confident_k = min(config.k, largest)
         self.max_model_len = int(vllm_config.model_config.max_model_len)
         # The static threshold (or the draft range) as vLLM's batch-size schedule, where vLLM has
         # one; a draft range is applied here where it has none (schedule.py).
@@ -105,7 +107,7 @@ class SamProposer:
 
     @property
     def config(self) -> SpeculationConfig:
-        """The speculation settings in force (k: the largest draft vLLM verifies)."""
+        """The speculation settings in force (``k``: the user's; the largest draft vLLM verifies is `k`)."""
         return self.session.config
 
     @property
@@ -113,7 +115,7 @@ class SamProposer:
         """vLLM's num_speculative_tokens: the largest draft."""
         return self.session.k
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> ProposerStats:
         """The session's counters and settings (`DraftSession.stats`)."""
         return self.session.stats()
 

@@ -27,12 +27,11 @@ import numpy as np
 import numpy.typing as npt
 
 from samrollout.config import SpeculationConfig
-from samrollout.drafter import DRAFT_SOURCES, DraftSourceName, SamDrafter
-from samrollout.history import ResponseHistory, prompt_key
+from samrollout.drafter import DRAFT_SOURCES, DraftSourceName, SamDrafter, StepDrafts
+from samrollout.history import ResponseHistory
 from samrollout.spec_decode.gate import Gate, make_gate
-
-# Upper bounds (seconds) of the proposer's step-time histogram, exported as samrollout_drafter_step_seconds.
-STEP_SECONDS_BUCKETS = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2)
+from samrollout.spec_decode.stats import STEP_SECONDS_BUCKETS, HistoryStats, ProposerStats, SourceCounts
+from samrollout_client.prompt_identity import prompt_digest, prompt_group
 
 TokenRow = Sequence[int] | npt.NDArray[Any]
 
@@ -89,11 +88,6 @@ class SessionSettings:
                    bool(data.get("draft_seeded", True)))
 
 
-def _by_batch_size(counts: Counter[int]) -> dict[str, int]:
-    """Counts keyed by batch size as JSON keys, smallest first."""
-    return {str(size): count for size, count in sorted(counts.items())}
-
-
 @dataclass
 class _Counters:
     """What the session proposed and what came back accepted, for metrics, benches and tests."""
@@ -143,6 +137,8 @@ class DraftSession:
         self.counters = _Counters()
         self.last_step_drafted = False
         self.last_step_allowed = False
+        # The rows the drafter drafted for at the last step and what it proposed, before the gate (benches).
+        self.last_proposal: tuple[list[Hashable], StepDrafts] | None = None
 
     # -- the step -----------------------------------------------------------------------
     def step(self, rows: Sequence[StepRow], present: Collection[Hashable], now: float | None = None,
@@ -187,33 +183,34 @@ class DraftSession:
             self.gate.observe_step(running, self.last_step_drafted, now - self._last_call, produced)
 
         drafts: list[list[int]] = [[] for _ in rows]
+        sources: list[DraftSourceName | None] = []
+        self.last_proposal = None
         step_allowed = bool(ids) and self.gate.allow_step(running)
         # Earlier responses join a group before its first step that may draft: past the threshold
         # too when long matches draft there (they are most of what confident drafts match).
         if (step_allowed or self.config.confident_match) and self._unjoined:
             self._join_history(ids)
         if ids:
-            proposed = self.drafter.step(ids, new_tokens, largest)
+            proposal = self.drafter.step(ids, new_tokens, largest)
+            self.last_proposal = (ids, proposal)
+            proposed, sources = proposal.tokens, proposal.sources
             if step_allowed:
                 self._keep(drafts, ids, drafted_rows, proposed, self.gate.draft_limit(running, largest), rows)
             elif self.config.confident_match and any(proposed):
                 # Past the threshold only drafts with long evidence: a long match is accepted
                 # nearly in full, so it pays even where a step is compute-bound.
-                evidence = self.drafter.last_match_lengths(ids)
                 confident = [draft if match >= self.config.confident_match else []
-                             for draft, match in zip(proposed, evidence, strict=True)]
+                             for draft, match in zip(proposed, proposal.match_lengths, strict=True)]
                 counters.confident_drafts += self._keep(drafts, ids, drafted_rows, confident,
                                                         min(self.confident_k, largest), rows)
                 counters.longest_confident_draft = max([counters.longest_confident_draft, *map(len, drafts)])
             if self.config.critical_rows:
                 counters.critical_drafts += self._keep_critical(drafts, ids, drafted_rows, proposed, largest, rows)
-        with_draft = [(request_id, i) for request_id, i in zip(ids, drafted_rows, strict=True) if drafts[i]]
-        sources = self.drafter.last_sources([request_id for request_id, _ in with_draft]) if with_draft else []
         for request_id, i in zip(ids, drafted_rows, strict=True):
             self._last_draft[request_id] = len(drafts[i])
             counters.draft_tokens += len(drafts[i])
-        for (request_id, i), source in zip(with_draft, sources, strict=True):
-            if source is not None:
+        for request_id, i, source in zip(ids, drafted_rows, sources, strict=True):
+            if drafts[i] and source is not None:
                 self._last_source[request_id] = source
                 counters.source_draft_tokens[source] += len(drafts[i])
         counters.steps += 1
@@ -281,8 +278,8 @@ class DraftSession:
         group = row.group if self.config.group_drafting else None
         prompt = np.asarray(row.tokens[:row.prompt_length])
         if self.history is not None:
-            key = self._prompt_key[row.request_id] = prompt_key(prompt)
-            group = group if group is not None else f"prompt:{key.hex()}"
+            key = self._prompt_key[row.request_id] = prompt_digest(prompt)
+            group = group if group is not None else prompt_group(key)
             if not self.drafter.has_group(group) and self.history.responses(key):
                 self._unjoined[group] = key
         # A request with another group's id but not its prompt drafts alone (SamDrafter.add_request).
@@ -304,7 +301,7 @@ class DraftSession:
         """Responses an earlier rollout gave to ``prompt`` (ids of their own): into the history, and into
         the global index where it is on, as if this session had served them."""
         if self.history is not None:
-            key = prompt_key(prompt)
+            key = prompt_digest(prompt)
             for response_id, response in zip(ids, responses, strict=True):
                 self.history.record(key, response_id, response)
         if self.policy.max_global_tokens:
@@ -345,30 +342,29 @@ class DraftSession:
         """Requests whose automata are held now."""
         return len(self._indexed)
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> ProposerStats:
         """Counters since start (steps, draft tokens proposed and accepted, sampled rows skipped, time),
         the step-time histogram's counts per `STEP_SECONDS_BUCKETS` bound, and the current settings."""
         c = self.counters
-        return {"steps": c.steps, "draft_tokens": c.draft_tokens, "accepted_tokens": c.accepted_tokens,
-                "sampled_rows_skipped": c.sampled_rows_skipped, "seeded_rows_skipped": c.seeded_rows_skipped,
-                "active_requests": self.active_requests,
-                "confident_match": self.config.confident_match, "confident_drafts": c.confident_drafts,
-                "confident_k": self.confident_k, "longest_confident_draft": c.longest_confident_draft,
-                "critical_rows": self.config.critical_rows, "critical_k": self.config.critical_k,
-                "critical_drafts": c.critical_drafts,
-                "propose_seconds": c.propose_seconds, "step_seconds_counts": list(c.step_seconds_counts),
-                "last_step_drafted": self.last_step_drafted, "k": self.k, "threshold": self.config.threshold,
-                "draft_range": [list(pair) for pair in self.config.effective_range()],
-                "threshold_mode": self.config.threshold_mode, "policy": self.policy.as_dict(),
-                "threshold_from_vllm_schedule": self.schedule is not None,
-                "steps_by_batch_size": _by_batch_size(c.steps_by_batch_size),
-                "drafting_steps_by_batch_size": _by_batch_size(c.drafting_steps_by_batch_size),
-                "gate": self.gate.summary(),
-                "sources": {source: {"draft_tokens": c.source_draft_tokens[source],
-                                     "accepted_tokens": c.source_accepted_tokens[source]}
-                            for source in DRAFT_SOURCES},
-                "global_tokens": self.drafter.global_tokens,
-                "history": None if self.history is None else {
-                    "tokens": self.history.tokens, "prompts": self.history.prompts,
-                    "max_tokens": self.history.max_tokens, "responses_per_prompt": self.history.responses_per_prompt,
-                    "joined_responses": c.history_joined_responses}}
+        history = self.history
+        return ProposerStats(
+            steps=c.steps, draft_tokens=c.draft_tokens, accepted_tokens=c.accepted_tokens,
+            sampled_rows_skipped=c.sampled_rows_skipped, seeded_rows_skipped=c.seeded_rows_skipped,
+            active_requests=self.active_requests,
+            confident_match=self.config.confident_match, confident_drafts=c.confident_drafts,
+            confident_k=self.confident_k, longest_confident_draft=c.longest_confident_draft,
+            critical_rows=self.config.critical_rows, critical_k=self.config.critical_k,
+            critical_drafts=c.critical_drafts,
+            propose_seconds=c.propose_seconds, step_seconds_counts=tuple(c.step_seconds_counts),
+            last_step_drafted=self.last_step_drafted, k=self.k, threshold=self.config.threshold,
+            draft_range=self.config.effective_range(), threshold_mode=self.config.threshold_mode,
+            policy=self.policy, threshold_from_vllm_schedule=self.schedule is not None,
+            steps_by_batch_size=dict(sorted(c.steps_by_batch_size.items())),
+            drafting_steps_by_batch_size=dict(sorted(c.drafting_steps_by_batch_size.items())),
+            gate=self.gate.summary(),
+            sources={source: SourceCounts(c.source_draft_tokens[source], c.source_accepted_tokens[source])
+                     for source in DRAFT_SOURCES},
+            global_tokens=self.drafter.global_tokens,
+            history=None if history is None else HistoryStats(
+                tokens=history.tokens, prompts=history.prompts, max_tokens=history.max_tokens,
+                responses_per_prompt=history.responses_per_prompt, joined_responses=c.history_joined_responses))

@@ -7,7 +7,11 @@ workers.  With speculation off they answer as if there were no drafter.
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from samrollout.spec_decode.stats import ProposerStats
 
 WORKER_EXTENSION_CLASS = "samrollout.spec_decode.worker_extension.SamWorkerExtension"
 
@@ -24,16 +28,18 @@ class SamWorkerExtension:
         drafter = getattr(getattr(self, "model_runner", None), "drafter", None)
         return drafter if isinstance(drafter, SamProposer) else None
 
-    def samrollout_drafter_stats(self) -> dict[str, Any]:
-        """The proposer's counters (`SamProposer.stats`), or an empty dict when SAM is off."""
+    def samrollout_drafter_stats(self) -> dict[str, Any] | None:
+        """The proposer's stats (`SamProposer.stats`) with whether the no-draft sampling patch is in place, as
+        JSON for the trip to the server (`ProposerStats.to_json`; `ProposerStats.from_json` reads it); None when
+        SAM is off."""
         from vllm.v1.sample import rejection_sampler
 
         proposer = self._samrollout_proposer()
-        stats = proposer.stats() if proposer is not None else {}
-        if stats:
-            stats["no_draft_sampling_patched"] = bool(
-                getattr(rejection_sampler.rejection_sample, "__samrollout_patched__", False))
-        return stats
+        if proposer is None:
+            return None
+        patched = bool(getattr(rejection_sampler.rejection_sample, "__samrollout_patched__", False))
+        stats: ProposerStats = replace(proposer.stats(), no_draft_sampling_patched=patched)
+        return stats.to_json()
 
     def samrollout_reset_drafter(self) -> bool:
         """Forget every automaton and the gate's measurements; False when SAM is off."""

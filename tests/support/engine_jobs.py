@@ -1,6 +1,6 @@
 """Runs generation jobs on one real vLLM engine in its own process and writes the results as JSON.
 
-    python tests/engine_jobs.py JOBS.json OUT.json
+    python tests/support/engine_jobs.py JOBS.json OUT.json
 
 The tests start this once per engine configuration (vLLM wants its engine started under
 ``if __name__ == "__main__"`` and takes seconds to start), then compare runs.
@@ -16,10 +16,10 @@ from typing import Any
 os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # collective_rpc with a function below
 
 
-def proposer_stats(worker: Any) -> dict[str, float]:
-    """The SAM proposer's counters (run inside the worker)."""
-    stats: dict[str, float] = worker.model_runner.drafter.stats()
-    return stats
+def proposer_stats(worker: Any) -> dict[str, Any]:
+    """The SAM proposer's counters and settings (run inside the worker), as `ProposerStats.to_json`."""
+    result: dict[str, Any] = worker.model_runner.drafter.stats().to_json()
+    return result
 
 
 def _sample(output: Any) -> dict[str, Any]:

@@ -1,4 +1,19 @@
-"""Start `samrollout serve` as a real subprocess on a free port, wait until it answers, stop it with SIGTERM."""
+"""Start `samrollout serve` (or another HTTP server) as a real subprocess, wait until it answers, stop it.
+
+The tests (``tests/``) and the benchmarks (``bench/``) both run servers this way::
+
+    from samrollout.testing import start_server
+
+    server = start_server(["--served-model-name", "bench"], Path("/tmp/server.log"))
+    try:
+        httpx.get(f"{server.url}/v1/models")
+    finally:
+        server.stop()
+
+Each server gets a free port on 127.0.0.1 and its own process group, so that `ServerProcess.stop`
+and `ServerProcess.kill` also end the engine processes it started.  Its output (stdout and
+stderr) goes to a log file, whose tail start-up errors quote.
+"""
 
 from __future__ import annotations
 
@@ -15,7 +30,10 @@ from pathlib import Path
 
 import httpx
 
+__all__ = ["START_TIMEOUT_S", "ServerProcess", "free_port", "start_command", "start_server"]
+
 START_TIMEOUT_S = 600.0
+"""How long a server may take to answer ``GET /health`` with 200 (model load, engine start-up)."""
 
 
 def free_port() -> int:
@@ -35,6 +53,7 @@ class ServerProcess:
     log: Path
 
     def log_tail(self, chars: int = 6000) -> str:
+        """The last ``chars`` characters of the server's log."""
         return self.log.read_text(errors="replace")[-chars:]
 
     def stop(self, timeout: float = 120.0) -> int:
@@ -59,13 +78,22 @@ class ServerProcess:
 
 
 def start_server(args: list[str], log: Path, env: dict[str, str] | None = None) -> ServerProcess:
-    """Run ``samrollout serve ARGS --port <free>`` and return once /health answers 200."""
+    """Run ``samrollout serve ARGS --port <free>`` and return once /health answers 200.
+
+    ``log`` receives the server's output; ``env`` is added to this process's environment.
+    Raises `RuntimeError` (with the log's tail) if the server exits or does not answer within
+    `START_TIMEOUT_S`.
+    """
     return start_command(lambda port: [sys.executable, "-m", "samrollout.cli", "serve", "--port", str(port), *args],
                          log, env)
 
 
 def start_command(command: Callable[[int], list[str]], log: Path, env: dict[str, str] | None = None) -> ServerProcess:
-    """Run the HTTP server ``command(free port)`` (ours or plain ``vllm serve``); return once /health is 200."""
+    """Run the HTTP server ``command(free port)`` (ours or plain ``vllm serve``); return once /health is 200.
+
+    The process runs in a session of its own (its workers are in its process group); see
+    `start_server` for ``log``, ``env`` and the errors raised.
+    """
     port = free_port()
     log.parent.mkdir(parents=True, exist_ok=True)
     handle = log.open("wb")

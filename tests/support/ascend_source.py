@@ -1,7 +1,7 @@
 """The Python source of a vllm-ascend release, from PyPI, cached: for contract tests that cannot import it.
 
 vllm-ascend needs torch_npu and an NPU to import, so tests read its source instead.  Each
-supported version comes from one fixed PyPI file (tests/pypi_source.py: sha256 pinned and
+supported version comes from one fixed PyPI file (tests/support/pypi_source.py: sha256 pinned and
 checked); only the ``vllm_ascend/**.py`` files, the metadata and the docs page with the version
 table are kept, under ``$XDG_CACHE_HOME/samrollout/vllm-ascend/<version>/``, downloaded once.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pypi_source import Artifact, SourceUnavailable, fetch_source
+from .pypi_source import Artifact, SourceUnavailable, fetch_source
 
 DOCS = ("docs/source/community/versioning_policy.md",)
 # version -> file on PyPI.  0.23.0: a wheel (its Python files are the same on every platform);

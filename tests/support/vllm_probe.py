@@ -4,7 +4,7 @@ The engines of vLLM 0.23 (vllm-ascend's; its compiled ops need torch 2.11) and v
 build) cannot run here, but their Python can: tests/test_vllm023_serving_contract.py and
 tests/test_vllm033_serving_contract.py start this script in a subprocess whose ``sys.path``
 puts the release's source (and a ``vllm <version>+cpu`` metadata stub, so vLLM picks its CPU
-platform) before the installed vLLM 0.32 (tests/vllm_contract.py, `run_probe`).  Everything
+platform) before the installed vLLM 0.32 (tests/support/vllm_contract.py, `run_probe`).  Everything
 from vLLM is then that release's: the server chooses its layout, vLLM parses and validates the
 settings' flags and builds the engine config, ``init_app_state`` builds the OpenAI serving
 objects, and requests go through the release's serving code to a stand-in ``AsyncLLM`` that
@@ -89,6 +89,7 @@ def check_flags(model_dir: str) -> dict[str, Any]:
 
     from samrollout.server.runtime import vllm_namespace
     from samrollout.server.settings import ServerSettings
+    from samrollout.server.vllm_argv import vllm_argv
     from samrollout.server.vllm_serving import PER_REQUEST_METRICS, FlexibleArgumentParser, make_arg_parser
 
     variants = {
@@ -106,8 +107,8 @@ def check_flags(model_dir: str) -> dict[str, Any]:
         namespace = vllm_namespace(settings, model_dir)
         logging.getLogger("samrollout.server").removeHandler(log)
         result[name] = {"namespace": {f: _jsonable(getattr(namespace, f)) for f in NAMESPACE_FIELDS},
-                        "log": log.lines, "argv": settings.vllm_argv(model_dir, current_platform.is_cpu(),
-                                                                     per_request_metrics_flags=PER_REQUEST_METRICS)}
+                        "log": log.lines, "argv": vllm_argv(settings, model_dir, current_platform.is_cpu(),
+                                                            per_request_metrics_flags=PER_REQUEST_METRICS)}
     parser = make_arg_parser(FlexibleArgumentParser())
     rejected = {}
     for flag in (["--enable-per-request-metrics"], ["--per-request-spec-decode-metrics", "summary"]):
@@ -174,6 +175,17 @@ def check_engine_config(model_dir: str) -> dict[str, Any]:
             "disable_log_stats": engine_args.disable_log_stats}
 
 
+def _fresh_drafter_stats() -> dict[str, Any]:
+    """What a worker's fresh proposer answers ``samrollout_drafter_stats`` with (`ProposerStats.to_json`)."""
+    from dataclasses import replace
+
+    from samrollout.config import SpeculationConfig
+    from samrollout.spec_decode.session import DraftSession, SessionSettings
+
+    session = DraftSession(SpeculationConfig(), 64, SessionSettings(largest_draft=3, confident_k=3))
+    return replace(session.stats(), no_draft_sampling_patched=True).to_json()
+
+
 class StandInEngine:
     """What the server and the release's serving layer use of ``AsyncLLM``, with no engine behind it.
 
@@ -237,7 +249,7 @@ class StandInEngine:
     async def collective_rpc(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
         self._call("collective_rpc", method, *args, **kwargs)
         self.calls[-1]["rpc"] = method
-        return [{"steps": 0}] if method == "samrollout_drafter_stats" else [None]
+        return [_fresh_drafter_stats()] if method == "samrollout_drafter_stats" else [None]
 
     async def generate(self, prompt: Any, sampling_params: Any, request_id: str, *args: Any,
                        **kwargs: Any) -> AsyncIterator[Any]:

@@ -1,0 +1,11 @@
+"""Helpers the tests share (not tests themselves).
+
+- `support.oracle`: brute-force reference answers for the drafter tests;
+- `support.engine_jobs`: a script that runs jobs on a fresh vLLM engine (``conftest.run_engine_jobs``);
+- `support.pypi_source`, `support.ascend_source`: released sources from PyPI, sha256 pinned and cached;
+- `support.vllm_contract`, `support.vllm_probe`: reading a vLLM release's source with ``ast``, and
+  running the server's code on it in a subprocess.
+
+Starting and stopping real servers is `samrollout.testing` (the benchmarks use it too).
+``tests/`` is on ``sys.path`` under pytest (its files are not a package), so these import as ``support.*``.
+"""
