@@ -48,6 +48,8 @@ def test_generate_returns_n_samples_per_prompt_in_input_order(client: RolloutCli
         for sample in group.samples:
             assert len(sample.token_ids) == 12 and sample.text and sample.weight_version
             assert sample.finish_reason == "length" and sample.attempts == 1
+            spans = [(span.start, span.end, span.version) for span in sample.weight_version_spans]
+            assert spans == [(0, 12, sample.weight_version)]
     again = client.generate(prompts, n=4, sampling=Sampling(max_tokens=12, seed=3), rollout_id="client-order-2")
     assert [[s.token_ids for s in g.samples] for g in again] == [[s.token_ids for s in g.samples] for g in groups]
     assert len({tuple(s.token_ids) for s in groups[0].samples}) > 1  # seed + i: siblings differ
@@ -189,6 +191,8 @@ def test_a_greedy_sample_moved_mid_response_equals_the_unmoved_sample(tiny_serve
     assert [p.endpoint for p in moved.pieces] == urls and moved.endpoint == second_server.url
     assert moved.pieces[0].tokens >= 16 and sum(p.tokens for p in moved.pieces) == 200
     assert {p.weight_version for p in moved.pieces} == {moved.weight_version}
+    # the pieces' spans joined: one version, so one span over all the tokens
+    assert [(s.start, s.end, s.version) for s in moved.weight_version_spans] == [(0, 200, moved.weight_version)]
     for sample in (moved, stayed):
         assert sample.token_ids == reference[0].token_ids and sample.text == reference[0].text
         assert sample.prompt_token_ids == reference[0].prompt_token_ids and sample.finish_reason == "length"

@@ -5,7 +5,8 @@ builds our replicas and veRL's global load balancer), `AgentLoopManager` and its
 loop workers (veRL's tokenizer handling, chat template and batch assembly), its
 `LLMServerClient`, and its server-adapter registry for the weight sync.  What does not
 run: veRL's FSDP/Megatron actor workers and a training step (they need a GPU model
-engine); the weight-sync test feeds the adapter the ``(name, tensor)`` generator those
+engine); the weight-sync tests feed the adapter, or (for the fully-async trainer's
+`CheckpointEngineManager`) our checkpoint engine, the ``(name, tensor)`` generator those
 workers would.
 """
 
@@ -362,3 +363,108 @@ def test_the_example_verl_command_composes_into_a_config_the_backend_reads(tmp_p
     assert settings.api_key == "k" and settings.in_flight == "abort"
     router = OmegaConf.load(config.actor_rollout_ref.rollout.router_config_path)
     assert router.router_class == "samrollout_client.verl.router.GroupStickyLoadBalancer"
+
+
+def test_the_checkpoint_engine_builds_fresh_topologies_and_only_rank_0_pushes() -> None:
+    """veRL mutates build_topology's dicts (it adds "method"); the non-master ranks only run the gathers."""
+    from verl.checkpoint_engine.base import CheckpointEngineRegistry
+
+    from samrollout_client.verl.checkpoint_engine import SamrolloutCheckpointEngine
+
+    assert CheckpointEngineRegistry.get("samrollout") is SamrolloutCheckpointEngine
+    first = SamrolloutCheckpointEngine.build_topology(2, 1, [{}, {}, {}])
+    first[0]["method"], first[1]["method"] = ["init_process_group"] * 2, ["init_process_group"]
+    assert SamrolloutCheckpointEngine.build_topology(2, 1, [{}, {}, {}]) == ({}, {})
+
+    engine = SamrolloutCheckpointEngine(bucket_size=1 << 20, is_master=False, urls=["http://127.0.0.1:9"])
+    assert engine.settings.in_flight == "continue" and engine.prepare() == {}
+    read: list[str] = []
+
+    def weights() -> Iterator[tuple[str, Any]]:
+        for i in range(5):
+            read.append(f"w{i}")
+            yield f"w{i}", np.zeros(3, dtype=np.float32)
+
+    assert asyncio.run(engine.send_weights(weights(), global_steps=3)) == {} and engine.last_push is None
+    assert read == [f"w{i}" for i in range(5)]  # every tensor gathered, nothing sent (the URL would refuse)
+    tied = SamrolloutCheckpointEngine(is_master=True, urls=["http://a:1"], tie_word_embeddings=True, in_flight="wait")
+    assert tied.skipped == {"lm_head.weight"} and tied.settings.in_flight == "wait"
+
+
+def test_verls_checkpoint_engine_manager_syncs_weights_to_running_servers_without_stopping_them(
+        verl_run: dict[str, Any], verl_server: ServerProcess, tiny_dir: Path) -> None:
+    """veRL's fully-async weight sync (CheckpointEngineManager.update_weights, backend "samrollout") with our
+    replicas; the trainer's rank 0 is a Ray actor feeding the engine the checkpoint's tensors, as veRL's actor
+    worker does. Responses running meanwhile carry on and end with a span of the new version."""
+    from verl.checkpoint_engine import CheckpointEngineManager
+    from verl.single_controller.base.decorator import Dispatch, register
+    from verl.single_controller.ray import RayClassWithInitArgs, RayWorkerGroup
+    from verl.workers.config import CheckpointEngineConfig
+    from verl.workers.rollout.llm_server import LLMServerManager
+
+    engine_kwargs = {"urls": [verl_server.url], "api_key": API_KEY}
+
+    class TrainerRank:  # veRL's actor worker, as far as the weight sync goes (defined here: Ray pickles it)
+        def __init__(self, folder: str) -> None:
+            from verl.checkpoint_engine.base import CheckpointEngineRegistry
+            from verl.utils.import_utils import import_external_libs
+
+            import_external_libs("samrollout_client.verl.checkpoint_engine")
+            self.folder = folder
+            self.engine = CheckpointEngineRegistry.new("samrollout", is_master=True, bucket_size=1 << 20,
+                                                       **engine_kwargs)
+
+        @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
+        async def update_weights(self, global_steps: int | None = None, mode: str = "auto") -> Any:
+            def tensors() -> Iterator[tuple[str, Any]]:
+                for file in sorted(Path(self.folder).glob("*.safetensors")):
+                    yield from load_file(file).items()
+
+            assert mode == "samrollout"
+            return await self.engine.send_weights(tensors(), global_steps=global_steps)
+
+        @register(dispatch_mode=Dispatch.DP_COMPUTE, blocking=False)
+        def execute_checkpoint_engine(self, method: str, *args: Any, **kwargs: Any) -> Any:
+            return getattr(self.engine, method)(*args, **kwargs)
+
+    trainer_cls: Any = ray.remote(num_cpus=0)(TrainerRank)
+    rank0 = trainer_cls.remote(str(tiny_dir))
+    actor_wg = RayWorkerGroup(worker_handles=[rank0], ray_cls_with_init=RayClassWithInitArgs(cls=trainer_cls))
+    assert ray.get(actor_wg.execute_checkpoint_engine(["prepare"])) == [{}]
+
+    config = OmegaConf.create(OmegaConf.to_container(verl_run["config"]))
+    config.actor_rollout_ref.rollout.custom.samrollout.in_flight = "continue"
+    servers = LLMServerManager.create(config=config, worker_group=None)
+    replicas, client = servers.get_replicas(), servers.get_client()
+    assert all(len(r.workers) == 1 for r in replicas)
+    manager = CheckpointEngineManager(
+        config=CheckpointEngineConfig(backend="samrollout", engine_kwargs={"samrollout": engine_kwargs},
+                                      custom_backend_module="samrollout_client.verl.checkpoint_engine"),
+        actor_wg=actor_wg, replicas=replicas)
+    long = {**GREEDY, "temperature": 1.0, "max_tokens": 480, "ignore_eos": True}
+    assert manager.update_weights(global_steps=10)["samrollout/weight_push_bytes"] > 0  # idle servers (auto_await)
+    assert admin_status(verl_server)["weight_version"] == "10"
+
+    async def scenario() -> tuple[list[Any], dict[str, Any]]:
+        running = [asyncio.create_task(client.generate(uuid.uuid4().hex, prompt_ids=[1, 4, 5 + i],
+                                                       sampling_params=dict(long))) for i in range(24)]
+        deadline = time.monotonic() + 120
+        async with httpx.AsyncClient(base_url=verl_server.url, timeout=60,
+                                     headers={"Authorization": f"Bearer {API_KEY}"}) as http:
+            while not await _at_least(http.get("/admin/status", params={"drafter": "false"}), 24):
+                assert time.monotonic() < deadline, "the responses never reached the server"
+                await asyncio.sleep(0.05)
+        metrics = await manager.update_weights(global_steps=11)
+        return list(await asyncio.gather(*running)), metrics
+
+    ended, metrics = asyncio.run(scenario())
+    assert admin_status(verl_server)["weight_version"] == "11" and admin_status(verl_server)["paused"] is False
+    assert metrics["samrollout/weight_push_bytes"] > 0
+    assert all(o.stop_reason == "completed" and len(o.token_ids) == 480 for o in ended)  # nothing aborted
+    versions = [(o.extra_fields["min_global_steps"], o.extra_fields["max_global_steps"]) for o in ended]
+    across = [(low, high) for low, high in versions if low != high]
+    assert across, "no response ran across the update"  # its first tokens by the old weights, its last by 11
+    assert all((low, high) == (10, 11) for low, high in across)
+    assert all(o.extra_fields["global_steps"] == high for o, (_, high) in zip(ended, versions, strict=True))
+    after = asyncio.run(client.generate(uuid.uuid4().hex, prompt_ids=[1, 4, 4], sampling_params=dict(GREEDY)))
+    assert after.extra_fields["global_steps"] == 11

@@ -389,7 +389,7 @@ def test_admin_routes_on_vllm_0_33(probe: dict[str, Any]) -> None:
     server = probe_server(probe)
     assert_admin_routes(server)
     versions = [c for c in server["engine_calls"] if c["method"] == "update_weight_version"]
-    assert len(versions) == 2  # at start ("initial") and after the update ("v2"): the engine keeps it
+    assert len(versions) == 3  # at start ("initial") and after each update ("v2", "v3"): the engine keeps it
 
 
 def test_pause_engine_on_vllm_0_33_queues_new_requests(probe: dict[str, Any]) -> None:

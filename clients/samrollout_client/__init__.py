@@ -9,18 +9,24 @@
 
 from samrollout_client.client import AsyncRolloutClient
 from samrollout_client.errors import NoEndpointAvailable, RequestRejected, RolloutFailed, SamrolloutError
-from samrollout_client.sync import RolloutClient
+from samrollout_client.partial import PartialRollout
+from samrollout_client.sync import RolloutClient, SyncPartialRollout
 from samrollout_client.types import (
     GroupResult,
+    InFlight,
+    PartialRolloutStats,
     RolloutReport,
     Sample,
     SampleFailure,
     SamplePiece,
     Sampling,
     SpecStats,
+    StalePolicy,
     WeightPush,
+    WeightVersionSpan,
 )
 
-__all__ = ["AsyncRolloutClient", "GroupResult", "NoEndpointAvailable", "RequestRejected", "RolloutClient",
-           "RolloutFailed", "RolloutReport", "Sample", "SampleFailure", "SamplePiece", "Sampling", "SamrolloutError",
-           "SpecStats", "WeightPush"]
+__all__ = ["AsyncRolloutClient", "GroupResult", "InFlight", "NoEndpointAvailable", "PartialRollout",
+           "PartialRolloutStats", "RequestRejected", "RolloutClient", "RolloutFailed", "RolloutReport", "Sample",
+           "SampleFailure", "SamplePiece", "Sampling", "SamrolloutError", "SpecStats", "StalePolicy",
+           "SyncPartialRollout", "WeightPush", "WeightVersionSpan"]

@@ -17,6 +17,12 @@ input order; if anything is still missing after the retries (or the overall time
 With ``divide_after_tokens`` (off by default) and several endpoints, samples are streamed
 and a long one can continue on a less loaded endpoint from what it has generated
 (`samrollout_client.divided`).
+
+For asynchronous RL, `AsyncRolloutClient.partial_rollout` returns batches of whole groups as
+they complete and carries the unfinished samples into the next step, across weight updates
+with ``in_flight="continue"`` (`samrollout_client.partial`).  Every sample carries its
+weight-version spans (`samrollout_client.spans`); `AsyncRolloutClient.weight_versions` orders
+the versions this client saw served.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ import contextlib
 import random
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Literal
 
 import httpx
@@ -46,17 +52,21 @@ from samrollout_client.errors import (
     SamrolloutError,
     error_message,
 )
+from samrollout_client.partial import PartialRollout
 from samrollout_client.placement import PLACEMENTS, LengthHistory, Placement, place_by_predicted_work
 from samrollout_client.progress import RolloutProgress
 from samrollout_client.report import combine_summaries
+from samrollout_client.spans import parse_spans
 from samrollout_client.types import (
     GroupResult,
+    InFlight,
     Prompt,
     RolloutReport,
     Sample,
     SampleFailure,
     Sampling,
     SpecStats,
+    StalePolicy,
     WeightPush,
 )
 from samrollout_client.weights import DEFAULT_SHARD_BYTES, WeightFile, WeightFiles, WeightsSource
@@ -108,6 +118,10 @@ class AsyncRolloutClient:
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         limits = httpx.Limits(max_connections=max_in_flight + 8, max_keepalive_connections=max_in_flight + 8)
         self._http = httpx.AsyncClient(headers=headers, timeout=request_timeout_s, limits=limits)
+        self.weight_versions: list[str] = []
+        """Weight versions in the order this client saw them served, newest last: the versions its endpoints
+        reported (/health, responses' spans) and each version its `update_weights` / `push_weights` loaded."""
+        self._version_listeners: list[Callable[[], None]] = []  # open partial rollouts, told of a newer version
 
     async def __aenter__(self) -> AsyncRolloutClient:
         return self
@@ -182,6 +196,27 @@ class AsyncRolloutClient:
             raise RolloutFailed(f"rollout {rollout_id} is incomplete", failures, groups)
         return groups
 
+    def partial_rollout(self, prompts: Iterable[Prompt], group_size: int = 8, *, batch_groups: int,
+                        sampling: Sampling | None = None, max_staleness: int | None = None,
+                        on_stale: StalePolicy = "restart", max_concurrent_groups: int | None = None,
+                        rollout_id: str | None = None) -> PartialRollout:
+        """Batches of ``batch_groups`` whole groups of ``group_size`` samples; unfinished ones run into the next step.
+
+        For asynchronous RL (`samrollout_client.partial`): up to ``max_concurrent_groups``
+        groups (default ``2 * batch_groups``) generate at once, a new prompt is taken from
+        ``prompts`` (any iterable, also endless; ``group.index`` is a prompt's position in it)
+        whenever a group is returned or given up, and `PartialRollout.next_batch` returns the
+        first ``batch_groups`` groups to complete, the stalest first.  Push new weights with
+        ``in_flight="continue"`` so the samples still generating go on under them.
+        ``max_staleness`` (None: no bound) is the most versions a returned sample's oldest token
+        may lag behind the newest (`Sample.staleness`); a finished sample past it is sent again
+        from its prompt (``on_stale="restart"``) or its group is given up (``"drop"``).  Use as
+        ``async with client.partial_rollout(...) as rollout:``.
+        """
+        return PartialRollout(self, prompts, group_size=group_size, batch_groups=batch_groups, sampling=sampling,
+                              max_staleness=max_staleness, on_stale=on_stale,
+                              max_concurrent_groups=max_concurrent_groups, rollout_id=rollout_id)
+
     def _plan(self, prompts: Sequence[Prompt], n: int) -> list[Endpoint] | None:
         """With ``predicted-work`` placement, each group's endpoint (None: choose as each group starts)."""
         up = [e for e in self.pool.endpoints if not e.down]
@@ -209,6 +244,12 @@ class AsyncRolloutClient:
     async def _sample(self, group: GroupResult, index: int, sampling: Sampling, rollout_id: str,
                       home: Endpoint) -> Sample:
         """One sample, retried on other endpoints on retryable failures."""
+        sample = await self._sample_once(group, index, sampling, rollout_id, home)
+        self._saw_versions(sample.versions)
+        return sample
+
+    async def _sample_once(self, group: GroupResult, index: int, sampling: Sampling, rollout_id: str,
+                           home: Endpoint) -> Sample:
         body = self._request_body(group, index, sampling, rollout_id)
         if self.divide_after_tokens is not None and len(self.pool.endpoints) > 1:
             return await self._divided_sample(body, home)
@@ -340,13 +381,19 @@ class AsyncRolloutClient:
 
     # --- weights and admin ----------------------------------------------------------------------
 
-    async def update_weights(self, path: str, version: str, in_flight: Literal["wait", "abort"] = "wait",
+    async def update_weights(self, path: str, version: str, in_flight: InFlight = "wait",
                              timeout_s: float = 600.0) -> None:
-        """Load new weights on every endpoint and wait until all of them serve ``version``."""
+        """Load new weights on every endpoint and wait until all of them serve ``version``.
+
+        ``in_flight``: what happens to requests generating meanwhile: they finish on the old weights
+        first (``wait``), end with what they have (``abort``), or go on under the new weights in the
+        same response (``continue``: what a `partial_rollout` wants).
+        """
         await self._broadcast("/admin/update_weights", {"path": path, "version": version, "in_flight": in_flight})
         await self._wait_for_version(version, timeout_s)
+        self._served(version)
 
-    async def push_weights(self, weights: WeightsSource, version: str, in_flight: Literal["wait", "abort"] = "wait",
+    async def push_weights(self, weights: WeightsSource, version: str, in_flight: InFlight = "wait",
                            *, shard_bytes: int = DEFAULT_SHARD_BYTES, timeout_s: float = 600.0) -> WeightPush:
         """Send new weights to every endpoint over HTTP (no shared disk), load them everywhere, wait for ``version``.
 
@@ -360,8 +407,8 @@ class AsyncRolloutClient:
         loads a directory. A failure before the commits cancels every upload (nothing is loaded
         anywhere) and raises `SamrolloutError` (`RequestRejected` for a 4xx: a bad file, over the
         server's size bound); a commit that fails (bad tensor names, shapes or dtypes: 400) leaves
-        that endpoint on its old weights. Returns what was sent and how long the upload and the load
-        took.
+        that endpoint on its old weights. ``in_flight`` as for `update_weights`. Returns what was
+        sent and how long the upload and the load took.
         """
         started = time.monotonic()
         source = WeightFiles(weights, shard_bytes)  # a bad argument fails here, before any request
@@ -394,6 +441,7 @@ class AsyncRolloutClient:
                                          for e, upload in uploads), return_exceptions=True)
         _raise_failures("committing the weights", endpoints, commits)
         await self._wait_for_version(version, timeout_s)
+        self._served(version)
         done = time.monotonic()
         return WeightPush(version=version, endpoints=len(uploads), files=names, bytes=sent // max(len(uploads), 1),
                           bytes_sent=sent, upload_s=uploaded - started, load_s=done - uploaded,
@@ -480,7 +528,33 @@ class AsyncRolloutClient:
         except httpx.HTTPError:
             return None
         endpoint.weight_version = version or endpoint.weight_version
+        if version:
+            self._saw_versions([version])
         return version
+
+    async def _refresh_versions(self) -> None:
+        """Ask every endpoint which version it serves (recorded in `weight_versions`)."""
+        await asyncio.gather(*(self._version(e) for e in self.pool.endpoints))
+
+    def _saw_versions(self, versions: Iterable[str], notify: bool = True) -> None:
+        """Record versions not met before as the newest, in the order given (partial rollouts told if ``notify``)."""
+        new = [v for v in dict.fromkeys(versions) if v not in self.weight_versions]
+        if not new:
+            return
+        self.weight_versions += new
+        if notify:
+            for listener in list(self._version_listeners):
+                listener()
+
+    def _served(self, version: str) -> None:
+        """Every endpoint serves ``version`` now, after this client's update: it is the newest."""
+        if self.weight_versions and self.weight_versions[-1] == version:
+            return
+        if version in self.weight_versions:  # a name used again: its place is now
+            self.weight_versions.remove(version)
+        self.weight_versions.append(version)
+        for listener in list(self._version_listeners):
+            listener()
 
 
 def _retry_after_s(reply: httpx.Response) -> float:
@@ -517,8 +591,11 @@ def _to_sample(reply: dict[str, Any], endpoint: str, attempts: int) -> Sample:
     choice = reply["choices"][0]
     spec = (reply.get("metrics") or {}).get("speculative_decoding")
     logprobs = (choice.get("logprobs") or {}).get("token_logprobs")
-    return Sample(text=choice["text"], token_ids=choice.get("token_ids") or [],
+    token_ids = choice.get("token_ids") or []
+    version = choice.get("weight_version") or reply.get("weight_version")
+    return Sample(text=choice["text"], token_ids=token_ids,
                   prompt_token_ids=choice.get("prompt_token_ids"), logprobs=logprobs,
-                  finish_reason=choice.get("finish_reason"), weight_version=reply.get("weight_version"),
+                  finish_reason=choice.get("finish_reason"), weight_version=version,
                   speculation=SpecStats(**{k: spec[k] for k in SpecStats.model_fields if k in spec}) if spec else None,
-                  endpoint=endpoint, attempts=attempts)
+                  endpoint=endpoint, attempts=attempts,
+                  weight_version_spans=parse_spans(choice.get("weight_version_spans"), len(token_ids), version))

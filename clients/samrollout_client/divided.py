@@ -27,7 +27,11 @@ remains, the same ``group_id`` and ``rollout_id``.  The sample is the concatenat
 pieces (token ids, text, logprobs); ``finish_reason``, ``weight_version`` and
 ``speculation`` are the last piece's (an abandoned piece's server never reports its
 statistics); `Sample.pieces` lists where each piece ran, how many tokens it gave and under
-which weight version.  On the servers, each abandoned piece ends as an aborted request
+which weight version.  `Sample.weight_version_spans` joins the pieces' spans, each shifted by
+the tokens before it (`samrollout_client.spans`).  The server sends a choice's spans on the
+chunk that ends it, which an abandoned piece never gets: its tokens count as its first
+token's version (exact unless a weight update with ``in_flight: "continue"`` ran during that
+piece).  On the servers, each abandoned piece ends as an aborted request
 (rollout summaries and `report` count it as one more sequence, finished ``abort``).
 
 Exactness: a greedy sample is the same as unmoved (its prefix is prefilled where it was
@@ -55,7 +59,8 @@ from typing import Any
 import httpx
 
 from samrollout_client.endpoints import Endpoint
-from samrollout_client.types import Sample, SamplePiece, Sampling, SpecStats
+from samrollout_client.spans import join_spans, parse_spans
+from samrollout_client.types import Sample, SamplePiece, Sampling, SpecStats, WeightVersionSpan
 
 MOVE_MARGIN = 2
 """With nothing waiting on either side, a sample moves only if its endpoint streams this many more requests.
@@ -133,6 +138,11 @@ class _Piece:
     tokens: int = 0       # tokens of this piece kept in the sample
     clean: bool = False   # the sample's last token ends on a clean cut
     spec: dict[str, Any] | None = None
+    spans: list[dict[str, Any]] | None = None  # the server's weight_version_spans, from the chunk that ended it
+
+    def version_spans(self) -> list[WeightVersionSpan]:
+        """Which of this piece's tokens each version sampled (without the server's spans: its first token's)."""
+        return parse_spans(self.spans, self.tokens, self.weight_version)
 
 
 @dataclass
@@ -201,6 +211,8 @@ class DividedSample:
             self.piece.clean = False
         if ids and self.piece.clean:
             self._clean = (len(self.token_ids), len(self.text), len(self.logprobs))
+        if isinstance(choice.get("weight_version_spans"), list):
+            self.piece.spans = choice["weight_version_spans"]
         if choice.get("finish_reason") is not None:
             self.finish_reason = choice["finish_reason"]
 
@@ -241,14 +253,18 @@ class DividedSample:
         """The finished sample (its last piece's endpoint, finish reason, version and speculation)."""
         last = self.pieces[-1] if self.pieces else _Piece(endpoint)
         spec = last.spec
+        spans = [p.version_spans() for p in self.pieces]
         return Sample(text=self.text, token_ids=self.token_ids, prompt_token_ids=self.prompt_token_ids,
                       logprobs=self.logprobs if self.want_logprobs else None, finish_reason=self.finish_reason,
                       weight_version=last.weight_version,
                       speculation=SpecStats(**{k: spec[k] for k in SpecStats.model_fields if k in spec})
                       if spec else None,
                       endpoint=endpoint, attempts=attempts, moves=self.moves,
-                      pieces=[SamplePiece(endpoint=p.endpoint, tokens=p.tokens, weight_version=p.weight_version)
-                              for p in self.pieces] if self.moves else [])
+                      pieces=[SamplePiece(endpoint=p.endpoint, tokens=p.tokens, weight_version=p.weight_version,
+                                          weight_version_spans=piece_spans)
+                              for p, piece_spans in zip(self.pieces, spans, strict=True)] if self.moves else [],
+                      weight_version_spans=join_spans(
+                          (p.tokens, piece_spans) for p, piece_spans in zip(self.pieces, spans, strict=True)))
 
 
 class StreamError(Exception):

@@ -4,11 +4,21 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Coroutine, Sequence
+from collections.abc import Coroutine, Iterable, Iterator, Sequence
 from typing import Any, Literal, TypeVar
 
 from samrollout_client.client import AsyncRolloutClient
-from samrollout_client.types import GroupResult, Prompt, RolloutReport, Sampling, WeightPush
+from samrollout_client.partial import PartialRollout
+from samrollout_client.types import (
+    GroupResult,
+    InFlight,
+    PartialRolloutStats,
+    Prompt,
+    RolloutReport,
+    Sampling,
+    StalePolicy,
+    WeightPush,
+)
 from samrollout_client.weights import DEFAULT_SHARD_BYTES, WeightsSource
 
 T = TypeVar("T")
@@ -39,11 +49,28 @@ class RolloutClient:
         """See `AsyncRolloutClient.generate`."""
         return self._run(self._client.generate(prompts, n, sampling, rollout_id, timeout_s))
 
-    def update_weights(self, path: str, version: str, in_flight: Literal["wait", "abort"] = "wait") -> None:
+    def partial_rollout(self, prompts: Iterable[Prompt], group_size: int = 8, *, batch_groups: int,
+                        sampling: Sampling | None = None, max_staleness: int | None = None,
+                        on_stale: StalePolicy = "restart", max_concurrent_groups: int | None = None,
+                        rollout_id: str | None = None) -> SyncPartialRollout:
+        """See `AsyncRolloutClient.partial_rollout` (``prompts`` is read on the client's loop thread)."""
+        return SyncPartialRollout(self, self._client.partial_rollout(
+            prompts, group_size, batch_groups=batch_groups, sampling=sampling, max_staleness=max_staleness,
+            on_stale=on_stale, max_concurrent_groups=max_concurrent_groups, rollout_id=rollout_id))
+
+    @property
+    def weight_versions(self) -> list[str]:
+        """See `AsyncRolloutClient.weight_versions` (a copy)."""
+        return self._run(self._copy_versions())
+
+    async def _copy_versions(self) -> list[str]:
+        return list(self._client.weight_versions)
+
+    def update_weights(self, path: str, version: str, in_flight: InFlight = "wait") -> None:
         """See `AsyncRolloutClient.update_weights`."""
         self._run(self._client.update_weights(path, version, in_flight))
 
-    def push_weights(self, weights: WeightsSource, version: str, in_flight: Literal["wait", "abort"] = "wait",
+    def push_weights(self, weights: WeightsSource, version: str, in_flight: InFlight = "wait",
                      *, shard_bytes: int = DEFAULT_SHARD_BYTES, timeout_s: float = 600.0) -> WeightPush:
         """See `AsyncRolloutClient.push_weights`."""
         return self._run(self._client.push_weights(weights, version, in_flight, shard_bytes=shard_bytes,
@@ -84,3 +111,57 @@ class RolloutClient:
 
     def __exit__(self, *_: object) -> None:
         self.close()
+
+
+class SyncPartialRollout:
+    """`PartialRollout` for loops that are not async: ``with client.partial_rollout(...) as rollout:``, then
+    ``rollout.next_batch()`` or ``for batch in rollout``.  Its requests run on the client's loop thread, so
+    they keep generating while the trainer's thread trains."""
+
+    def __init__(self, client: RolloutClient, rollout: PartialRollout) -> None:
+        self._client, self.rollout = client, rollout
+
+    @property
+    def stats(self) -> PartialRolloutStats:
+        """See `PartialRollout.stats` (a copy)."""
+        return self._client._run(self._stats())
+
+    async def _stats(self) -> PartialRolloutStats:
+        return self.rollout.stats.model_copy()
+
+    async def _running(self) -> int:
+        return self.rollout.running
+
+    @property
+    def versions(self) -> list[str]:
+        """See `PartialRollout.versions` (a copy)."""
+        return self._client.weight_versions
+
+    @property
+    def running(self) -> int:
+        """See `PartialRollout.running`."""
+        return self._client._run(self._running())
+
+    @property
+    def rollout_id(self) -> str:
+        """The rollout id every request of it carries."""
+        return self.rollout.rollout_id
+
+    def next_batch(self, groups: int | None = None, timeout_s: float | None = None) -> list[GroupResult]:
+        """See `PartialRollout.next_batch`."""
+        return self._client._run(self.rollout.next_batch(groups, timeout_s))
+
+    def close(self) -> None:
+        """See `PartialRollout.aclose`."""
+        self._client._run(self.rollout.aclose())
+
+    def __enter__(self) -> SyncPartialRollout:
+        self._client._run(self.rollout.start())
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def __iter__(self) -> Iterator[list[GroupResult]]:
+        while batch := self.next_batch():
+            yield batch

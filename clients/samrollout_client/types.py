@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 Prompt = str | list[int]
+
+InFlight = Literal["wait", "abort", "continue"]
+"""What a weight update does to requests in flight: finish them on the old weights first (``wait``), end them
+(``abort``: they return what they have, ``finish_reason: "abort"``), or let them go on under the new weights in
+the same response (``continue``: their tokens then span two versions, see `Sample.weight_version_spans`)."""
 
 
 class Sampling(BaseModel):
@@ -34,12 +40,28 @@ class SpecStats(BaseModel):
     num_accepted_draft_tokens: int = 0
 
 
+class WeightVersionSpan(BaseModel):
+    """Tokens ``start`` to ``end`` (exclusive) of a sample's ``token_ids`` were sampled by weight ``version``."""
+
+    start: int = Field(ge=0)
+    end: int = Field(ge=0)
+    version: str | None = None
+
+    @property
+    def tokens(self) -> int:
+        """How many tokens the span covers."""
+        return self.end - self.start
+
+
 class SamplePiece(BaseModel):
     """The part of a moved sample generated on one endpoint (divided rollout), in order."""
 
     endpoint: str
     tokens: int = Field(description="how many of the sample's token ids this piece generated")
-    weight_version: str | None = Field(default=None, description="the weights that generated them")
+    weight_version: str | None = Field(default=None, description="the weights that generated its first token")
+    weight_version_spans: list[WeightVersionSpan] = Field(
+        default_factory=list, description="which of its tokens each version sampled (indexes into the piece's "
+        "own tokens)")
 
 
 class Sample(BaseModel):
@@ -58,6 +80,53 @@ class Sample(BaseModel):
                                               "tokens (divided rollout: for load, or after a failure)")
     pieces: list[SamplePiece] = Field(default_factory=list, description="where each part of a moved sample was "
                                       "generated, and under which weights (empty unless moves > 0)")
+    weight_version_spans: list[WeightVersionSpan] = Field(
+        default_factory=list, description="which of its tokens each weight version sampled, in token order "
+        "(indexes into token_ids, end exclusive, covering every token; more than one span only when a weight "
+        "update with in_flight='continue' ran while it generated)")
+
+    @property
+    def versions(self) -> list[str]:
+        """The weight versions that sampled its tokens, each once, oldest first (token order); [] for no tokens."""
+        seen: list[str] = []
+        for span in self.weight_version_spans:
+            if span.version is not None and span.version not in seen:
+                seen.append(span.version)
+        return seen
+
+    def token_versions(self) -> list[str | None]:
+        """The version that sampled each token, one per token id (None where the server named none)."""
+        versions: list[str | None] = [None] * len(self.token_ids)
+        for span in self.weight_version_spans:
+            versions[span.start:span.end] = [span.version] * (min(span.end, len(versions)) - span.start)
+        return versions
+
+    def staleness(self, history: Sequence[str]) -> int:
+        """How many versions its oldest token lags behind the newest of ``history`` (0: all sampled by the newest).
+
+        ``history``: weight versions in the order they were served, the newest last (the rollout's
+        `PartialRollout.versions`, or the trainer's own list).  A sample whose tokens span k
+        versions has staleness at least k - 1.  A version missing from ``history`` is a ValueError;
+        a sample without tokens has staleness 0.
+        """
+        lags = self._lags(history)
+        return max(lags.values(), default=0)
+
+    def token_lags(self, history: Sequence[str]) -> list[int]:
+        """For each token, how many versions the weights that sampled it lag behind the newest of ``history``.
+
+        0 for tokens of the newest version: what an off-policy correction (decoupled PPO,
+        truncated importance sampling) weighs or masks per token.  Versions as in `staleness`.
+        """
+        lags = self._lags(history)
+        return [lags[v] if v is not None else 0 for v in self.token_versions()]
+
+    def _lags(self, history: Sequence[str]) -> dict[str, int]:
+        position = {version: index for index, version in enumerate(history)}
+        missing = [v for v in self.versions if v not in position]
+        if missing:
+            raise ValueError(f"weight version(s) {missing} are not in the history {list(history)}")
+        return {v: len(history) - 1 - position[v] for v in self.versions}
 
 
 class GroupResult(BaseModel):
@@ -67,6 +136,18 @@ class GroupResult(BaseModel):
     prompt: Prompt
     group_id: str
     samples: list[Sample]
+
+    def staleness(self, history: Sequence[str]) -> int:
+        """The largest `Sample.staleness` of its samples (0 for no samples)."""
+        return max((s.staleness(history) for s in self.samples), default=0)
+
+    @property
+    def versions(self) -> list[str]:
+        """The weight versions that sampled any of its samples' tokens, each once, in the order first met."""
+        seen: list[str] = []
+        for sample in self.samples:
+            seen += [v for v in sample.versions if v not in seen]
+        return seen
 
 
 class SampleFailure(BaseModel):
@@ -118,3 +199,33 @@ class WeightPush(BaseModel):
     def mb_per_s(self) -> float:
         """Upload rate over all endpoints together, in MB/s (10^6 bytes)."""
         return self.bytes_sent / 1e6 / max(self.upload_s, 1e-9)
+
+
+StalePolicy = Literal["restart", "drop"]
+"""What a partial rollout does with a sample past its staleness bound: send it again from its prompt under the
+newest weights (``restart``), or give up its whole group (``drop``) and start the next prompt instead."""
+
+
+class PartialRolloutStats(BaseModel):
+    """What a partial rollout (`AsyncRolloutClient.partial_rollout`) has done so far, counted since it started."""
+
+    batches: int = 0
+    groups_started: int = Field(default=0, description="prompts taken from the prompts iterable")
+    groups_returned: int = 0
+    samples_returned: int = 0
+    tokens_returned: int = 0
+    carried_over: int = Field(default=0, description="samples still generating when a batch was returned, summed "
+                              "over batches (they go on into the next step)")
+    mixed_version_samples: int = Field(default=0, description="samples returned whose tokens span more than one "
+                                       "weight version")
+    max_staleness_returned: int = Field(default=0, description="the largest staleness of a sample returned")
+    restarted_stale: int = Field(default=0, description="samples sent again from their prompt: past max_staleness")
+    restarted_aborted: int = Field(default=0, description="samples sent again from their prompt: they came back "
+                                   "aborted (a weight update with in_flight='abort', /admin/abort_rollout)")
+    groups_dropped: int = Field(default=0, description="groups given up: past max_staleness with on_stale='drop'")
+    groups_failed: int = Field(default=0, description="groups given up because a sample failed after its retries")
+    discarded_tokens: int = Field(default=0, description="generated tokens the client received and threw away "
+                                  "(restarted samples, the finished samples of dropped or failed groups)")
+    cancelled_requests: int = Field(default=0, description="requests in flight the client cancelled (their group "
+                                    "was dropped or failed, or the rollout closed); the tokens they had generated "
+                                    "are not known to the client and not in discarded_tokens")

@@ -303,6 +303,7 @@ def assert_openai_routes(server: dict[str, Any]) -> dict[str, Any]:
     body = completion["body"]
     assert (body["rollout_id"], body["group_id"], body["weight_version"]) == ("r1", "g1", "initial")
     assert [c["token_ids"] for c in body["choices"]] == [[11, 12, 13]] * 2
+    assert [c["weight_version_spans"] for c in body["choices"]] == [[{"start": 0, "end": 3, "version": "initial"}]] * 2
     assert all(c["prompt_token_ids"] for c in body["choices"])
     assert body.get("metrics") is None  # n > 1: no per-request metrics
     assert [c["prompt_token_ids"] for c in replies["token_prompt"]["body"]["choices"]] == [[1, 2, 3]]
@@ -314,6 +315,8 @@ def assert_openai_routes(server: dict[str, Any]) -> dict[str, Any]:
     chunks = [json.loads(e) for e in events[:-1]]
     assert chunks and all(c["rollout_id"] == "r2" and c["weight_version"] == "initial" for c in chunks)
     assert [t for c in chunks for choice in c["choices"] for t in choice.get("token_ids") or []] == [11, 12, 13]
+    ends = [choice for c in chunks for choice in c["choices"] if choice.get("finish_reason")]
+    assert [choice["weight_version_spans"] for choice in ends] == [[{"start": 0, "end": 3, "version": "initial"}]]
     chat = replies["chat"]
     assert chat["status"] == 200 and chat["body"]["group_id"] == "g2"
     assert chat["body"]["choices"][0]["token_ids"] == [11, 12, 13]
@@ -367,14 +370,22 @@ def assert_admin_routes(server: dict[str, Any]) -> None:
     assert replies["wake"]["body"] == {"sleeping": False}
     assert replies["reset_prefix_cache"]["body"] == {"reset": True}
     assert replies["abort_rollout"]["body"] == {"rollout_id": "r1", "aborted_requests": 0}
-    assert replies["update_weights"]["body"] == {"weight_version": "v2", "previous_version": "initial",
-                                                 "in_flight": "abort"}
-    assert replies["status"]["body"]["weight_version"] == "v2"
+    update = replies["update_weights"]["body"]
+    assert update.pop("paused_s") >= 0
+    assert update == {"weight_version": "v2", "previous_version": "initial", "in_flight": "abort"}
+    carried = replies["update_continue"]["body"]  # nothing in flight: nothing continued
+    assert carried.pop("paused_s") >= 0
+    assert carried == {"weight_version": "v3", "previous_version": "v2", "in_flight": "continue",
+                       "continued_requests": 0, "recomputed_tokens": 0}
+    assert replies["status"]["body"]["weight_version"] == "v3"
     rpcs = [c["rpc"] for c in server["engine_calls"] if c["method"] == "collective_rpc"]
     assert "samrollout_reload_weights" in rpcs and "samrollout_reset_drafter" in rpcs
     pauses = [c["kwargs"] for c in server["engine_calls"]  # AsyncLLM's, or (0.33's layout) its engine client's
               if c["method"] in ("pause_generation", "engine_core.pause_scheduler_async")]
     assert {"mode": "abort", "clear_cache": True} in pauses
+    assert {"mode": "keep", "clear_cache": True} in pauses  # "continue": requests frozen, then preempted
+    resets = [c["kwargs"] for c in server["engine_calls"] if c["method"] == "reset_prefix_cache"]
+    assert {"reset_running_requests": True} in resets
     assert server["engine_calls"][-1]["method"] == "shutdown"
     assert server["stat_loggers"] == ["SamStatLogger"]
     assert replies["metrics"]["status"] == 200

@@ -391,6 +391,8 @@ def check_server(model_dir: str) -> dict[str, Any]:
         keep("update_weights", client.post("/admin/update_weights", headers=AUTH,
                                            json={"path": str(weights), "version": "v2", "in_flight": "abort"}))
         keep("after_update", client.post("/v1/completions", headers=AUTH, json=completion))
+        keep("update_continue", client.post("/admin/update_weights", headers=AUTH,
+                                            json={"path": str(weights), "version": "v3", "in_flight": "continue"}))
         keep("status", client.get("/admin/status", headers=AUTH))
         metrics = client.get("/metrics")
         names = {line.split("{")[0].split(" ")[0] for line in metrics.text.splitlines()}

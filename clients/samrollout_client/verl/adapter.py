@@ -24,7 +24,7 @@ from verl.workers.rollout.utils import ensure_async_iterator
 
 from samrollout_client.client import AsyncRolloutClient
 from samrollout_client.types import WeightPush
-from samrollout_client.verl.settings import backend_settings
+from samrollout_client.verl.settings import VerlBackendSettings, backend_settings
 
 logger = logging.getLogger("samrollout_client.verl")
 
@@ -39,6 +39,19 @@ async def _without(tensors: AsyncIterator[tuple[str, Any]], names: frozenset[str
     async for name, tensor in tensors:
         if name not in names:
             yield name, tensor
+
+
+async def push_to_servers(settings: VerlBackendSettings, tensors: AsyncIterator[tuple[str, Any]], version: str,
+                          skipped: frozenset[str] = frozenset()) -> WeightPush:
+    """Stream ``tensors`` (less the ``skipped`` names) to every server and serve them as ``version``."""
+    async with AsyncRolloutClient(list(settings.urls), model="", api_key=settings.api_key,
+                                  request_timeout_s=settings.request_timeout_s) as client:
+        push = await client.push_weights(_without(tensors, skipped), version, settings.in_flight,
+                                         shard_bytes=settings.shard_megabytes << 20,
+                                         timeout_s=settings.request_timeout_s)
+    logger.info("samrollout: weights %s pushed to %d server(s): %d bytes in %.2f s", version,
+                len(settings.urls), push.bytes, push.seconds)
+    return push
 
 
 def _is_first_rank() -> bool:
@@ -77,11 +90,4 @@ class SamrolloutServerAdapter(BaseRollout):
             async for _ in tensors:  # the other ranks take part in the gathers and send nothing
                 pass
             return
-        async with AsyncRolloutClient(list(self.settings.urls), model="", api_key=self.settings.api_key,
-                                      request_timeout_s=self.settings.request_timeout_s) as client:
-            sent = _without(tensors, self.skipped)
-            self.last_push = await client.push_weights(sent, version, self.settings.in_flight,
-                                                       shard_bytes=self.settings.shard_megabytes << 20,
-                                                       timeout_s=self.settings.request_timeout_s)
-        logger.info("samrollout: weights %s pushed to %d server(s): %d bytes in %.2f s", version,
-                    len(self.settings.urls), self.last_push.bytes, self.last_push.seconds)
+        self.last_push = await push_to_servers(self.settings, tensors, version, self.skipped)

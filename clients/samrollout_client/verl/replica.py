@@ -5,6 +5,8 @@ servers (``init_hybrid`` on the trainer's workers, ``init_colocated``, or
 ``init_standalone`` on a new resource pool).  A samrollout server runs apart from the
 trainer, on its own accelerators, so every mode here does the same thing: connect replica
 ``r`` to URL ``r mod len(urls)`` through one `SamrolloutServer` Ray actor, which uses no GPU.
+That actor is also the replica's only "worker" for veRL's checkpoint-engine weight sync
+(`samrollout_client.verl.checkpoint_engine`).
 """
 
 from __future__ import annotations
@@ -63,6 +65,9 @@ class SamrolloutReplica(RolloutReplica):
         self._server_address = await server.connect.remote()
         self.servers = [server]
         self._server_handle = server
+        # veRL's checkpoint-engine weight sync (the fully-async trainer) groups the replicas' workers; the
+        # server actor stands in for them (its update_weights and execute_checkpoint_engine do nothing).
+        self.workers = [server]
 
     async def abort_request(self, request_id: str) -> dict[str, Any]:
         """Abort one response wherever it runs."""

@@ -87,6 +87,18 @@ def global_steps(weight_version: str | None) -> int | None:
     return None
 
 
+def newest_version(choice: Mapping[str, Any], fallback: Any) -> str | None:
+    """The newest weight version that sampled a choice: its last ``weight_version_spans`` span's, else ``fallback``.
+
+    With ``in_flight: "continue"`` a response may run across a weight update; its reply's
+    ``weight_version`` is then the first token's version, and the last span names the newest.
+    """
+    spans = choice.get("weight_version_spans")
+    if isinstance(spans, list) and spans and isinstance(spans[-1], Mapping) and spans[-1].get("version") is not None:
+        return str(spans[-1]["version"])
+    return None if fallback is None else str(fallback)
+
+
 def reply_fields(reply: Mapping[str, Any], want_logprobs: bool) -> dict[str, Any]:
     """token_ids, log_probs, stop_reason and extra_fields of a veRL TokenOutput, from a completion reply."""
     choice = reply["choices"][0]
@@ -97,8 +109,15 @@ def reply_fields(reply: Mapping[str, Any], want_logprobs: bool) -> dict[str, Any
         if len(log_probs) != len(token_ids):
             raise ValueError(f"the server returned {len(log_probs)} logprobs for {len(token_ids)} tokens")
     spec = (reply.get("metrics") or {}).get("speculative_decoding") or {}
-    extra: dict[str, Any] = {"global_steps": global_steps(reply.get("weight_version")),
-                             "weight_version": reply.get("weight_version"), "group_id": reply.get("group_id")}
+    version = newest_version(choice, reply.get("weight_version"))
+    extra: dict[str, Any] = {"global_steps": global_steps(version), "weight_version": version,
+                             "group_id": reply.get("group_id")}
+    spans = choice.get("weight_version_spans")
+    if isinstance(spans, list) and spans:
+        # veRL's LLMServerClient fills min/max_global_steps with global_steps unless set: the span versions
+        oldest = global_steps(str(spans[0].get("version"))) if isinstance(spans[0], Mapping) else None
+        if oldest is not None and extra["global_steps"] is not None:
+            extra["min_global_steps"], extra["max_global_steps"] = oldest, extra["global_steps"]
     if spec:
         extra["spec_num_draft_tokens"] = spec.get("num_draft_tokens")
         extra["spec_num_accepted_tokens"] = spec.get("num_accepted_draft_tokens")

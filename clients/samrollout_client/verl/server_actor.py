@@ -11,8 +11,12 @@ around weight updates.  Each maps to samrollout's HTTP API:
 - ``abort_all_requests`` -> ``POST /admin/pause {"mode": "abort"}`` (running responses
   come back with stop reason ``aborted``; later calls wait here, or come back aborted at
   once with ``reject_request``) and ``POST /admin/reset_prefix_cache``;
+  With ``in_flight: "continue"``, ``abort_all_requests`` without ``reject_request`` does nothing
+  (running responses carry on across a weight update);
 - ``resume_generation`` -> ``POST /admin/resume``; ``clear_kv_cache`` -> ``POST /admin/reset_prefix_cache``;
 - ``abort_request`` -> the HTTP request is dropped, which aborts it in the engine;
+- ``update_weights`` / ``execute_checkpoint_engine`` (veRL's checkpoint-engine sync treats this
+  actor as the replica's rollout worker) -> nothing: the trainer pushes the weights itself;
 - ``sleep`` / ``wake_up`` -> nothing (a samrollout server owns its accelerators, as veRL's
   standalone vLLM servers do), or ``/admin/sleep`` / ``/admin/wake`` with ``sleep_servers``.
 """
@@ -102,12 +106,19 @@ class SamrolloutServer:
             if not self._running:
                 self._drained.set()
         fields = reply_fields(reply, want_logprobs)
-        if reply.get("weight_version") is not None:
-            self.weight_version = str(reply["weight_version"])
+        if fields["extra_fields"].get("weight_version") is not None:
+            self.weight_version = str(fields["extra_fields"]["weight_version"])
         return TokenOutput(**fields)
 
     async def abort_all_requests(self, reset_prefix_cache: bool = True, reject_request: bool = False) -> dict[str, Any]:
-        """Abort every running response (they return ``aborted``) and hold new ones until `resume_generation`."""
+        """Abort every running response (they return ``aborted``) and hold new ones until `resume_generation`.
+
+        With ``in_flight: "continue"`` and no ``reject_request`` (veRL's checkpoint-engine weight sync,
+        `samrollout_client.verl.checkpoint_engine`), nothing: running responses carry on across the
+        update, which the server commits at a token boundary itself.
+        """
+        if self.settings.in_flight == "continue" and not reject_request:
+            return {"aborted_count": 0, "request_ids": []}
         self._gate.clear()
         self._rejecting = reject_request
         request_ids = list(self._running)
@@ -117,7 +128,9 @@ class SamrolloutServer:
         return {"aborted_count": len(request_ids), "request_ids": request_ids}
 
     async def resume_generation(self) -> None:
-        """Let generation run again after `abort_all_requests`."""
+        """Let generation run again after `abort_all_requests` (with ``in_flight: "continue"``: if it paused)."""
+        if self.settings.in_flight == "continue" and self._gate.is_set():
+            return
         await self._call("POST", "/admin/resume")
         self._rejecting = False
         self._gate.set()
@@ -153,6 +166,14 @@ class SamrolloutServer:
 
     async def resume_kv_cache(self) -> None:
         """Nothing (see `release_kv_cache`)."""
+
+    async def update_weights(self, global_steps: int | None = None) -> None:
+        """Nothing: the trainer's rank 0 pushes the weights to the server over HTTP (veRL calls this on the
+        rollout side of a checkpoint-engine sync, beside the trainer's ``send_weights``)."""
+
+    def execute_checkpoint_engine(self, method: str, *args: Any, **kwargs: Any) -> None:
+        """Nothing: a samrollout server takes part in no checkpoint-engine process group (``prepare``,
+        ``init_process_group``, ``finalize``)."""
 
     async def start_profile(self, **_: Any) -> None:
         """Nothing: profile the server with its own tools."""

@@ -57,7 +57,8 @@ PROMPT_TOKENS = Histogram(f"{P}request_prompt_tokens", "Prompt length of finishe
 OUTPUT_TOKENS = Histogram(f"{P}request_output_tokens", "Output length of finished requests", buckets=_TOKENS)
 REQUESTS_FINISHED = Counter(f"{P}requests_finished", "Finished requests by finish reason", ["finish_reason"])
 GENERATED_TOKENS = Counter(f"{P}generated_tokens", "Output tokens generated")
-PREEMPTIONS = Counter(f"{P}preemptions", "Running sequences the engine preempted for KV memory (recomputed later)")
+PREEMPTIONS = Counter(f"{P}preemptions", "Running sequences the engine preempted (recomputed later): for KV memory, "
+                      "or to continue on new weights (a weight update with in_flight=continue)")
 HTTP_ERRORS = Counter(f"{P}http_errors", "HTTP responses with an error status, by code", ["code"])
 
 # Rollouts (requests tagged with one rollout id), from the HTTP layer.
@@ -88,6 +89,18 @@ ENGINE_QUEUE = Histogram(f"{P}engine_queue_seconds", "Time a finished request wa
                          buckets=_LATENCY)
 
 WEIGHT_VERSION = Gauge(f"{P}weight_version_info", "The served weight version (value 1)", ["version"])
+
+# Weight updates (`server.runtime.load_weights`, `server.continuation`).
+WEIGHT_UPDATE_PAUSE = Histogram(f"{P}weight_update_pause_seconds",
+                                "Time generation was held for a weight update (pause to resume; with wait, the "
+                                "drain of requests in flight included), by in_flight mode", ["in_flight"],
+                                buckets=_LATENCY)
+CONTINUED_SEQUENCES = Counter(f"{P}continued_requests",
+                              "Sequences with generated tokens that a weight update with in_flight=continue carried "
+                              "onto the new weights (each sequence of an n > 1 request counts once)")
+RECOMPUTED_TOKENS = Counter(f"{P}recomputed_tokens",
+                            "Prompt + generated tokens of the continued sequences, prefilled again under the new "
+                            "weights (at most: siblings' shared prompts may hit the prefix cache)")
 
 
 def set_weight_version(version: str, previous: str | None = None) -> None:

@@ -1,6 +1,6 @@
 """RL admin routes under /admin (API key required when one is configured).
 
-- ``POST /admin/update_weights`` {path, version, in_flight: "wait"|"abort"}: new policy weights.
+- ``POST /admin/update_weights`` {path, version, in_flight: "wait"|"abort"|"continue"}: new policy weights.
 - ``POST /admin/pause`` {mode: "keep"|"wait"|"abort"} and ``POST /admin/resume``: hold generation.
 - ``POST /admin/sleep`` {level} and ``POST /admin/wake``: free and restore accelerator memory.
 - ``POST /admin/abort_rollout`` {rollout_id}: abort every in-flight request of one rollout.
@@ -22,7 +22,7 @@ from starlette.requests import ClientDisconnect
 from samrollout.server.auth import require_api_key
 from samrollout.server.errors import ApiError
 from samrollout.server.rl_fields import ID_PATTERN
-from samrollout.server.runtime import ServerRuntime
+from samrollout.server.runtime import InFlightChoice, ServerRuntime
 from samrollout.server.weight_uploads import SHA256_HEADER, WeightUploads
 
 router = APIRouter(prefix="/admin", dependencies=[Depends(require_api_key)])
@@ -34,19 +34,23 @@ class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+_IN_FLIGHT = ("requests in flight: finish them on the old weights first (wait), abort them (abort), or stop them "
+              "at a token boundary and let them go on under the new weights in the same response (continue)")
+
+
 class UpdateWeights(_Body):
     """Where the new weights are, their version tag, and what happens to requests in flight."""
 
     path: str = Field(min_length=1, description="directory with the new *.safetensors (same architecture)")
     version: str = Field(min_length=1, max_length=128, description="weight version reported with responses")
-    in_flight: Literal["wait", "abort"] = Field("wait", description="finish in-flight requests first, or abort")
+    in_flight: InFlightChoice = Field("wait", description=_IN_FLIGHT)
 
 
 class CommitUpload(_Body):
     """The version tag of the uploaded weights, and what happens to requests in flight while they load."""
 
     version: str = Field(min_length=1, max_length=128, description="weight version reported with responses")
-    in_flight: Literal["wait", "abort"] = Field("wait", description="finish in-flight requests first, or abort")
+    in_flight: InFlightChoice = Field("wait", description=_IN_FLIGHT)
 
 
 class Pause(_Body):

@@ -7,7 +7,9 @@ templates, sampling-parameter checks, generation, logprobs, streaming (its
 prompts per request, token ids in the vocabulary; prompt lengths in `prompt_limits`),
 rollout tracking for aborts, and the weight version on every response, choice and streamed
 chunk: the version that sampled the tokens, by the rule in `weight_labels` (never the version
-serving when the response is written, which an update may have changed since).
+serving when the response is written, which an update may have changed since), and on each
+choice (a stream: on the chunk that ends it) its ``weight_version_spans``, which tokens each
+version sampled (more than one after an update with ``in_flight: "continue"``).
 """
 
 from __future__ import annotations
@@ -121,14 +123,19 @@ class _RequestLabels:
         """Each labelled choice's version, by choice index."""
         return self.labels.choices(self.engine_ids, self.n)
 
-    def stamp(self, payload: dict[str, Any]) -> None:
+    def stamp(self, payload: dict[str, Any], body: bool = False) -> None:
         """Label a body or chunk: each choice with its sequence's version, the whole with the chunk's choice's
-        (the request's label where it carries no labelled choice)."""
+        (the request's label where it carries no labelled choice).  Each choice of a ``body``, and each choice a
+        chunk ends (it has a finish reason), also gets its ``weight_version_spans`` (`weight_labels`): which of its
+        tokens each version sampled, over all its tokens (for a stream: all its chunks')."""
         labels, choices = self.choices(), payload.get("choices") or []
         versions = [labels.get(int(choice.get("index", 0))) for choice in choices]
         request = self.request()
+        spans = self.labels.choice_spans(self.engine_ids, self.n) if choices else {}
         for choice, version in zip(choices, versions, strict=True):
             choice["weight_version"] = version or request
+            if body or choice.get("finish_reason") is not None:
+                choice["weight_version_spans"] = spans.get(int(choice.get("index", 0)), [])
         payload["weight_version"] = next((v for v in versions if v is not None), request)
 
     def forget(self) -> None:
@@ -181,7 +188,7 @@ async def _generate(runtime: ServerRuntime, request: AnyRolloutRequest,
         if hasattr(result, "model_dump"):
             body = result.model_dump(exclude_none=False)
             body.update(fields)
-            labels.stamp(body)  # the versions that sampled its tokens, not the one serving now
+            labels.stamp(body, body=True)  # the versions that sampled its tokens, not the one serving now
             body["weight_version"] = labels.request()
             if rollout is not None:
                 runtime.rollouts.end(rollout, sequences, outcomes_of(body))

@@ -13,16 +13,25 @@ import argparse
 import asyncio
 import logging
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 from starlette.datastructures import State
 
+from samrollout.metrics import definitions as m
 from samrollout.metrics.definitions import set_scheduling_policy, set_weight_version
 from samrollout.metrics.rollouts import RolloutTracker
 from samrollout.server.admission import AdmissionScheduler, admission_headroom
 from samrollout.server.bounded_call import call_with_deadline
+from samrollout.server.continuation import (
+    SequenceProgress,
+    continued,
+    count_continued,
+    drain_outputs,
+    sequences_in_flight,
+)
 from samrollout.server.errors import ApiError
 from samrollout.server.inflight import InflightRegistry
 from samrollout.server.length_predictor import LengthPredictor
@@ -36,7 +45,7 @@ from samrollout.server.weights_check import Layout, WeightsError, check_weights_
 from samrollout.spec_decode.stats import ProposerStats
 
 logger = logging.getLogger("samrollout.server")
-InFlightChoice = Literal["wait", "abort"]
+InFlightChoice = Literal["wait", "abort", "continue"]
 
 
 def resolve_model(settings: ServerSettings) -> str:
@@ -142,12 +151,14 @@ class ServerRuntime:
         committed upload (``/admin/weight_uploads``).  The files are checked first
         (`weights_check`): a bad directory is a 400 naming the file and tensor (``param``:
         the request field it came from), and the engine never sees it.  Then generation is
-        paused: in-flight requests either finish on the old weights ("wait") or are aborted
-        ("abort"); requests arriving meanwhile queue and run on the new weights.  The prefix
-        cache and the drafters' automata are dropped, since both were built by the old
-        policy, and the KV cache is zeroed: a NaN that bad weights left in a cache block would
-        otherwise poison every later request placed there, whatever weights follow.
-        ``source`` says where the weights came from, for the log.
+        paused: in-flight requests either finish on the old weights ("wait"), are aborted
+        ("abort"), or stop at a token boundary and go on under the new weights once they are
+        loaded, within the same response ("continue", `continuation`); requests arriving
+        meanwhile queue and run on the new weights.  The prefix cache and the drafters'
+        automata are dropped, since both were built by the old policy, and the KV cache is
+        zeroed: a NaN that bad weights left in a cache block would otherwise poison every later
+        request placed there, whatever weights follow.  ``source`` says where the weights came
+        from, for the log.
         """
         from samrollout.server.vllm_serving import set_engine_weight_version
 
@@ -163,8 +174,13 @@ class ServerRuntime:
                            "(--weight-check-timeout); the served weights are kept", param) from None
         async with self.update_lock:
             old = self.weight_version
-            await self.pause(in_flight, clear_cache=True)
+            held = time.monotonic()
+            # "continue": vLLM's "keep" pause freezes the running requests (the cache reset preempts them)
+            await self.pause("keep" if in_flight == "continue" else in_flight, clear_cache=True)
+            stopped: dict[tuple[str, int], SequenceProgress] = {}
             try:
+                if in_flight == "continue":
+                    stopped = await self._preempt_in_flight()
                 await self.engine.collective_rpc("samrollout_reload_weights", kwargs={
                     "weights_path": str(folder), "clear_kv_cache": self.sleep_level is None})
                 await self.engine.reset_prefix_cache()
@@ -172,10 +188,38 @@ class ServerRuntime:
                 self.weight_version = version
                 set_weight_version(version, old)
                 await set_engine_weight_version(self.engine, version)
+                if self.labels is not None:  # spans where the engine keeps no version (weight_labels)
+                    self.labels.continued({key: p.output_tokens for key, p in stopped.items()}, old, version)
+                count_continued(stopped)
             finally:
                 await self.resume()
-        logger.info("weights %s -> %s loaded from %s (in-flight: %s)", old, version, source, in_flight)
-        return {"weight_version": version, "previous_version": old, "in_flight": in_flight}
+                paused = time.monotonic() - held
+                m.WEIGHT_UPDATE_PAUSE.labels(in_flight=in_flight).observe(paused)
+        result: dict[str, Any] = {"weight_version": version, "previous_version": old, "in_flight": in_flight,
+                                  "paused_s": round(paused, 4)}
+        carried = continued(stopped)
+        if in_flight == "continue":
+            result["continued_requests"] = len(carried)
+            result["recomputed_tokens"] = sum(p.prompt_tokens + p.output_tokens for p in carried.values())
+        logger.info("weights %s -> %s loaded from %s (in-flight: %s; generation held %.3f s%s)", old, version, source,
+                    in_flight, paused, f", {len(carried)} sequences continued" if in_flight == "continue" else "")
+        return result
+
+    async def _preempt_in_flight(self) -> dict[tuple[str, int], SequenceProgress]:
+        """After the "keep" pause of a ``"continue"`` update: every running request preempted; how far each got.
+
+        Preempting frees the requests' KV blocks, before the reload zeroes the cache, and puts
+        them back at the head of the engine's queue with their prompt and generated tokens,
+        recomputed under the new weights on resume (`continuation`).  vLLM 0.23-0.33 already
+        preempt them when the pause clears the cache; this says it rather than assuming it, and
+        also covers requests that an earlier ``/admin/pause`` (which keeps the cache) froze.
+        Sequences still waiting for admission (length-aware scheduling) stay queued and simply
+        start on the new weights.  Returns how far each sequence of the HTTP requests in flight
+        had got (`continuation.sequences_in_flight`).
+        """
+        await self.engine.reset_prefix_cache(reset_running_requests=True)
+        await drain_outputs(self.engine)
+        return sequences_in_flight(self.engine, self.inflight.engine_ids())
 
     async def drafter_stats(self) -> ProposerStats | None:
         """The proposer's stats (`SamProposer.stats`) of the first worker; None with speculation off.

@@ -1,0 +1,410 @@
+"""Synchronous against asynchronous RL rollouts: a GRPO-shaped loop with a simulated trainer, three ways.
+
+    python bench/async_rollout.py --json bench/results/async-rollout-cpu.json --plot bench/results/async-rollout-cpu.png
+
+Starts `samrollout serve` with the built-in SmolLM2-135M-Instruct and runs the same loop in each
+mode, one after the other on that server: take a batch of ``--groups`` GRPO groups of
+``--group-size`` sampled responses (temperature 1, ``--max-tokens``), "train" (a sleep of
+``--train-s``), then load new weights as a new version (``update_weights`` from the
+checkpoint's directory: the same tensors under a new name each step, as
+bench/weight_push.py does; the load is what a real update costs, the values do not matter
+to throughput).  The prompts are chat-formatted questions whose natural answers range from
+a number to a long essay (`questions`), so response lengths are mixed and each step has a
+long tail.
+
+- ``sync-wait``: each step sends its groups and waits for every response
+  (`AsyncRolloutClient.generate`); the update (``in_flight="wait"``) finds nothing running.
+- ``sync-abort``: each step sends ``--oversample`` more groups than it needs
+  (``ceil(groups * (1 + oversample))``, each group a `generate` call of its own), takes the
+  first ``--groups`` to complete, and trains while the rest run on; the update
+  (``in_flight="abort"``) ends them.  Every token not in the batch is discarded: the aborted
+  responses' and those of the groups that finished but were not taken (the next step is
+  on-policy, from the new weights).
+- ``async-continue``: a partial rollout (`AsyncRolloutClient.partial_rollout`, up to
+  ``--max-concurrent-groups`` groups generating, default two batches) hands over the first
+  ``--groups`` groups to complete; the unfinished ones keep generating through the trainer's
+  sleep and the update (``in_flight="continue"``) goes on under the new weights.
+  ``--max-staleness`` (default: no bound) restarts samples past it (their tokens count as
+  discarded).
+
+Every mode takes the same prompts in the same order, with the same seeds (sample i of a group:
+``--seed + i``).  The server runs with its default length-aware scheduling but remembers no
+prompt's response lengths (``--scheduling-history 0``), so no mode is scheduled with what an
+earlier one taught it.
+
+The trainer's sleep is, by default, the median rollout time of ``--calibration-steps`` (1)
+sync steps run first (the time from sending a step's groups to its last response), so
+training takes as long as generating, the case asynchronous RL is made for.  Reported per
+mode: samples per second (samples handed to the trainer over the wall time of the loop,
+updates and sleeps included), discarded tokens, step and update times, the staleness of the
+samples returned (how many versions their oldest token lags behind the newest), and the
+server's own counters (continued requests, tokens prefilled again, update pause time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import math
+import os
+import platform
+import random
+import re
+import statistics
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+HERE = Path(__file__).resolve().parent
+MODES = ("sync-wait", "sync-abort", "async-continue")
+CHAT = ("<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
+        "<|im_start|>user\n{question}<|im_end|>\n<|im_start|>assistant\n")
+TOPICS = ("the ocean", "volcanoes", "the Roman empire", "honey bees", "the moon", "trains", "chess", "rain forests",
+          "electricity", "bread", "glaciers", "the internet", "owls", "music", "mountains", "deserts")
+SERVER_COUNTERS = {"continued_requests": "samrollout_continued_requests_total",
+                   "recomputed_tokens": "samrollout_recomputed_tokens_total",
+                   "preemptions": "samrollout_preemptions_total",
+                   "generated_tokens": "samrollout_generated_tokens_total"}
+
+
+def questions(seed: int) -> Iterator[str]:
+    """An endless stream of chat prompts, most with short answers, some with long ones.
+
+    Probed on the built-in model (temperature 1, 192 tokens at most): a number or a word
+    mostly takes 10-50 tokens (now and then a sample rambles to the limit), two sentences
+    25-50, three tips 90-192, an essay or a long story reaches the limit.  Weighted 5 : 3 : 2 :
+    2, so a step of 8 groups has a long tail: a group or two whose every sample runs to the
+    limit while most finish early.
+    """
+    rng = random.Random(seed)
+    while True:
+        topic = rng.choice(TOPICS)
+        a, b = rng.randint(2, 99), rng.randint(2, 99)
+        kind = rng.choices(["short", "sentences", "tips", "long"], weights=[5, 3, 2, 2])[0]
+        question = {
+            "short": rng.choice([f"What is {a} + {b}? Reply with the number only.",
+                                 f"Name one animal that lives near {topic}. One word."]),
+            "sentences": f"In two sentences, what is interesting about {topic}?",
+            "tips": f"Give three short tips for learning about {topic}.",
+            "long": rng.choice([f"Write a long, detailed essay about {topic}, with many examples.",
+                                f"Tell me a long story about a child who discovers {topic}."]),
+        }[kind]
+        yield CHAT.format(question=question)
+
+
+def server_counters(url: str) -> dict[str, float]:
+    """The server's counters of `SERVER_COUNTERS` and the update pause histogram (sum and count per mode)."""
+    text = httpx.get(f"{url}/metrics", timeout=10.0).text
+    values: dict[str, float] = {}
+    for key, name in SERVER_COUNTERS.items():
+        values[key] = sum(float(m.group(1)) for m in re.finditer(rf"^{name}(?:{{[^}}]*}})? (\S+)$", text, re.M))
+    for part in ("sum", "count"):
+        for match in re.finditer(rf'^samrollout_weight_update_pause_seconds_{part}{{in_flight="(\w+)"}} (\S+)$',
+                                 text, re.M):
+            values[f"pause_{part}_{match.group(1)}"] = float(match.group(2))
+    return values
+
+
+def counters_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """What the server counted during one mode."""
+    return {key: after.get(key, 0.0) - before.get(key, 0.0) for key in sorted(set(before) | set(after))}
+
+
+async def wait_idle(url: str, timeout_s: float = 120.0) -> None:
+    """Until the server has no request in flight (what one mode left behind must not slow the next)."""
+    deadline = time.monotonic() + timeout_s
+    async with httpx.AsyncClient() as http:
+        while time.monotonic() < deadline:
+            status = (await http.get(f"{url}/admin/status", params={"drafter": "false"}, timeout=10.0)).json()
+            if not status.get("in_flight_requests"):
+                return
+            await asyncio.sleep(0.5)
+    raise RuntimeError(f"the server still has requests in flight after {timeout_s} s")
+
+
+def tokens(groups: list[Any]) -> int:
+    """Generated tokens of these groups' samples."""
+    return sum(len(s.token_ids) for g in groups for s in g.samples)
+
+
+def staleness_counts(groups: list[Any], history: list[str]) -> Counter[int]:
+    """How many returned samples have each staleness (versions their oldest token lags behind the newest)."""
+    return Counter(s.staleness(history) for g in groups for s in g.samples)
+
+
+def record_step(record: dict[str, Any], groups: list[Any], rollout_s: float, began: float, updated: float,
+                done: float) -> None:
+    """Add one trainer step to a mode's record: its rollout, update and step times, samples and useful tokens."""
+    record["rollout_s"].append(rollout_s)
+    record["update_s"].append(done - updated)
+    record["step_s"].append(done - began)
+    record["samples"] += sum(len(g.samples) for g in groups)
+    record["useful_tokens"] += tokens(groups)
+
+
+async def sync_step(client: Any, prompts: Iterator[str], args: argparse.Namespace, sampling: Any,
+                    rollout_id: str) -> tuple[list[Any], float]:
+    """One sync step's rollout: every group, every response; its groups and its seconds."""
+    start = time.perf_counter()
+    groups = await client.generate(list(itertools.islice(prompts, args.groups)), n=args.group_size,
+                                   sampling=sampling, rollout_id=rollout_id)
+    return groups, time.perf_counter() - start
+
+
+async def run_sync_wait(client: Any, prompts: Iterator[str], args: argparse.Namespace, sampling: Any,
+                        weights: str) -> dict[str, Any]:
+    """``sync-wait``: generate a batch, train, update with ``wait``."""
+    record: dict[str, Any] = {"step_s": [], "rollout_s": [], "update_s": [], "samples": 0, "useful_tokens": 0,
+                              "discarded_tokens": 0}
+    staleness: Counter[int] = Counter()
+    start = time.perf_counter()
+    for step in range(args.steps):
+        began = time.perf_counter()
+        groups, rollout_s = await sync_step(client, prompts, args, sampling, f"sync-wait-{step}")
+        staleness += staleness_counts(groups, client.weight_versions)
+        await asyncio.sleep(args.train_s)
+        updated = time.perf_counter()
+        await client.update_weights(weights, f"sync-wait-{step + 1}", in_flight="wait")
+        done = time.perf_counter()
+        record_step(record, groups, rollout_s, began, updated, done)
+        print(f"  sync-wait step {step + 1}/{args.steps}: rollout {rollout_s:.1f} s, step {done - began:.1f} s",
+              file=sys.stderr, flush=True)
+    record["wall_s"] = time.perf_counter() - start
+    record["staleness"] = dict(sorted(staleness.items()))
+    return record
+
+
+async def run_sync_abort(client: Any, prompts: Iterator[str], args: argparse.Namespace, sampling: Any,
+                         weights: str) -> dict[str, Any]:
+    """``sync-abort``: over-sample, take the first groups to finish, train, update with ``abort``."""
+    record: dict[str, Any] = {"step_s": [], "rollout_s": [], "update_s": [], "samples": 0, "useful_tokens": 0,
+                              "discarded_tokens": 0, "aborted_samples": 0, "unused_complete_groups": 0}
+    staleness: Counter[int] = Counter()
+    sent = math.ceil(args.groups * (1 + args.oversample))
+    start = time.perf_counter()
+    for step in range(args.steps):
+        began = time.perf_counter()
+        rollout_id = f"sync-abort-{step}"
+        tasks = [asyncio.create_task(client.generate([prompt], n=args.group_size, sampling=sampling,
+                                                     rollout_id=rollout_id))
+                 for prompt in itertools.islice(prompts, sent)]
+        pending, finished = set(tasks), list[asyncio.Task[Any]]()
+        while len(finished) < args.groups:
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            finished += sorted(done, key=tasks.index)
+        batch = [group for task in finished[:args.groups] for group in task.result()]
+        rollout_s = time.perf_counter() - began
+        staleness += staleness_counts(batch, client.weight_versions)
+        await asyncio.sleep(args.train_s)
+        updated = time.perf_counter()
+        await client.update_weights(weights, f"sync-abort-{step + 1}", in_flight="abort")
+        await client.abort(rollout_id)  # any left waiting for an engine slot would otherwise start on the new weights
+        done_at = time.perf_counter()
+        rest = [group for task in [*finished[args.groups:], *pending] for group in await task]
+        record["discarded_tokens"] += tokens(rest)
+        record["aborted_samples"] += sum(s.finish_reason == "abort" for g in rest for s in g.samples)
+        record["unused_complete_groups"] += sum(all(s.finish_reason != "abort" for s in g.samples) for g in rest)
+        record_step(record, batch, rollout_s, began, updated, done_at)
+        print(f"  sync-abort step {step + 1}/{args.steps}: rollout {rollout_s:.1f} s, step {done_at - began:.1f} s, "
+              f"discarded {tokens(rest)} tokens", file=sys.stderr, flush=True)
+    record["wall_s"] = time.perf_counter() - start
+    record["staleness"] = dict(sorted(staleness.items()))
+    record["groups_sent_per_step"] = sent
+    return record
+
+
+async def run_async_continue(client: Any, prompts: Iterator[str], args: argparse.Namespace, sampling: Any,
+                             weights: str) -> dict[str, Any]:
+    """``async-continue``: a partial rollout; train while the unfinished samples run on; update with ``continue``."""
+    record: dict[str, Any] = {"step_s": [], "rollout_s": [], "update_s": [], "samples": 0, "useful_tokens": 0,
+                              "carried_over": []}
+    staleness: Counter[int] = Counter()
+    start = time.perf_counter()
+    async with client.partial_rollout(prompts, args.group_size, batch_groups=args.groups, sampling=sampling,
+                                      max_staleness=args.max_staleness,
+                                      max_concurrent_groups=args.max_concurrent_groups,
+                                      rollout_id="async-continue") as rollout:
+        for step in range(args.steps):
+            began = time.perf_counter()
+            batch = await rollout.next_batch()
+            rollout_s = time.perf_counter() - began
+            record["carried_over"].append(rollout.running)
+            staleness += staleness_counts(batch, rollout.versions)
+            await asyncio.sleep(args.train_s)
+            updated = time.perf_counter()
+            await client.update_weights(weights, f"async-continue-{step + 1}", in_flight="continue")
+            done = time.perf_counter()
+            record_step(record, batch, rollout_s, began, updated, done)
+            print(f"  async-continue step {step + 1}/{args.steps}: waited {rollout_s:.1f} s for the batch, step "
+                  f"{done - began:.1f} s, {rollout.running} samples carried on", file=sys.stderr, flush=True)
+        record["wall_s"] = time.perf_counter() - start
+        stats = rollout.stats
+        record["in_flight_at_end"] = rollout.running
+    record["discarded_tokens"] = stats.discarded_tokens
+    record["partial_rollout_stats"] = stats.model_dump()
+    record["staleness"] = dict(sorted(staleness.items()))
+    return record
+
+
+RUNNERS = {"sync-wait": run_sync_wait, "sync-abort": run_sync_abort, "async-continue": run_async_continue}
+
+
+async def run(args: argparse.Namespace, url: str, weights: str) -> dict[str, Any]:
+    """Calibrate the trainer's sleep, then run every mode; the JSON's body."""
+    from samrollout_client import AsyncRolloutClient, Sampling
+
+    sampling = Sampling(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed)
+    result: dict[str, Any] = {"modes": {}}
+    async with AsyncRolloutClient(url, model="bench", max_in_flight=args.max_in_flight,
+                                  request_timeout_s=1800.0) as client:
+        await client.generate([next(questions(args.seed + 999))], n=2, sampling=sampling, rollout_id="warm-up")
+        calibration = []
+        prompts = questions(args.seed + 1)
+        for step in range(args.calibration_steps):
+            groups, seconds = await sync_step(client, prompts, args, sampling, f"calibration-{step}")
+            lengths = sorted(len(s.token_ids) for g in groups for s in g.samples)
+            calibration.append({"rollout_s": seconds, "tokens": sum(lengths), "median_tokens":
+                                statistics.median(lengths), "longest_tokens": lengths[-1],
+                                "at_max_tokens": sum(length >= args.max_tokens for length in lengths)})
+            print(f"calibration step {step + 1}: {seconds:.1f} s, {sum(lengths)} tokens, median "
+                  f"{statistics.median(lengths):.0f}, longest {lengths[-1]}", file=sys.stderr, flush=True)
+        if args.train_s is None:
+            args.train_s = statistics.median(c["rollout_s"] for c in calibration) if calibration else 0.0
+        result["calibration"] = calibration
+        result["train_s"] = args.train_s
+        print(f"trainer step: {args.train_s:.1f} s", file=sys.stderr, flush=True)
+        for mode in args.modes:
+            await wait_idle(url)
+            before = server_counters(url)
+            print(f"{mode} ...", file=sys.stderr, flush=True)
+            record = await RUNNERS[mode](client, questions(args.seed), args, sampling, weights)
+            await wait_idle(url)
+            record["server"] = counters_delta(before, server_counters(url))
+            record["samples_per_s"] = record["samples"] / record["wall_s"]
+            record["useful_tokens_per_s"] = record["useful_tokens"] / record["wall_s"]
+            record["steps"] = args.steps
+            result["modes"][mode] = record
+    return result
+
+
+def report(result: dict[str, Any]) -> None:
+    """The table on stdout."""
+    modes = result["modes"]
+    base = modes.get("sync-wait", {}).get("samples_per_s")
+    print(f"\ntrainer step {result['train_s']:.1f} s; samples/s = samples handed to the trainer / wall time of the "
+          "loop (rollouts, trainer sleeps and updates)")
+    print("staleness: samples returned per number of versions their oldest token lags the newest; recomputed: "
+          "tokens the server prefilled again to continue requests under new weights")
+    print(f"{'mode':<16}{'samples/s':>10}{'vs sync-wait':>14}{'discarded tok':>15}{'recomputed tok':>16}"
+          f"{'useful tok/s':>14}{'median step s':>15}{'median update s':>17}{'staleness':>22}")
+    for mode, row in modes.items():
+        speedup = f"{row['samples_per_s'] / base:>13.2f}x" if base else f"{'-':>14}"
+        stale = ",".join(f"{k}:{v}" for k, v in row["staleness"].items())
+        recomputed = row["server"].get("recomputed_tokens", 0.0)
+        print(f"{mode:<16}{row['samples_per_s']:>10.2f}{speedup}{row['discarded_tokens']:>15}{recomputed:>16.0f}"
+              f"{row['useful_tokens_per_s']:>14.1f}{statistics.median(row['step_s']):>15.1f}"
+              f"{statistics.median(row['update_s']):>17.2f}{stale:>22}")
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    """Samples per second and discarded tokens per mode, side by side."""
+    from plotting import save, subplots
+
+    modes = list(result["modes"])
+    fig, axes = subplots(1, 2, figsize=(10, 3.8))
+    rates = [result["modes"][m]["samples_per_s"] for m in modes]
+    axes[0].bar(modes, rates, color=["#888888", "#cc7744", "#3377bb"][:len(modes)])
+    axes[0].set_ylabel("samples / s")
+    axes[0].set_title(f"throughput (trainer step {result['train_s']:.1f} s)")
+    for x, rate in enumerate(rates):
+        axes[0].annotate(f"{rate:.2f}", (x, rate), ha="center", va="bottom")
+    discarded = [result["modes"][m]["discarded_tokens"] for m in modes]
+    axes[1].bar(modes, discarded, color=["#888888", "#cc7744", "#3377bb"][:len(modes)])
+    axes[1].set_ylabel("tokens")
+    axes[1].set_title("generated tokens discarded")
+    for x, count in enumerate(discarded):
+        axes[1].annotate(f"{count}", (x, count), ha="center", va="bottom")
+    save(fig, path)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line (the module docstring says what it measures)."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--modes", type=lambda s: [m for m in s.split(",") if m], default=list(MODES))
+    parser.add_argument("--steps", type=int, default=5, help="trainer steps per mode")
+    parser.add_argument("--groups", type=int, default=8, help="GRPO groups per batch (prompts per step)")
+    parser.add_argument("--group-size", type=int, default=8, help="responses per prompt")
+    parser.add_argument("--max-tokens", type=int, default=192)
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--train-s", type=float, default=None,
+                        help="the trainer's sleep (default: the median rollout time of the calibration steps)")
+    parser.add_argument("--calibration-steps", type=int, default=1)
+    parser.add_argument("--oversample", type=float, default=0.5,
+                        help="sync-abort: groups sent per step beyond --groups, as a fraction of it")
+    parser.add_argument("--max-concurrent-groups", type=int, default=None,
+                        help="async-continue: groups generating at once (default: 2 x --groups)")
+    parser.add_argument("--max-staleness", type=int, default=None,
+                        help="async-continue: restart samples whose oldest token lags more versions (default: none)")
+    parser.add_argument("--max-in-flight", type=int, default=256, help="the client's requests outstanding, at most")
+    parser.add_argument("--max-num-seqs", type=int, default=32, help="engine slots")
+    parser.add_argument("--rollout-scheduling", choices=["length-aware", "fcfs"], default="length-aware",
+                        help="the server's policy (its default); it remembers no prompt's lengths here "
+                        "(--scheduling-history 0), so a mode run after another on the same prompts is not "
+                        "scheduled with knowledge the first one lacked")
+    parser.add_argument("--kv-cache-gib", type=float, default=0.5, help="the server's KV cache")
+    parser.add_argument("--json", dest="json_path", type=Path, nargs="?",
+                        const=HERE / "results" / "async-rollout-cpu.json", default=None,
+                        help="write the results (default path: bench/results/async-rollout-cpu.json)")
+    parser.add_argument("--plot", type=Path, nargs="?", const=HERE / "results" / "async-rollout-cpu.png",
+                        default=None, help="draw them (default path: bench/results/async-rollout-cpu.png)")
+    parser.add_argument("--log", type=Path, default=Path("/tmp/samrollout-async-rollout-bench.log"))
+    args = parser.parse_args(argv)
+    unknown = set(args.modes) - set(MODES)
+    if unknown:
+        parser.error(f"unknown modes {sorted(unknown)}; choose from {', '.join(MODES)}")
+    return args
+
+
+def main() -> None:
+    """Start the server, run the modes, print the table, write the JSON and the plot."""
+    args = parse_args()
+    from samrollout.models import ensure_smollm2
+    from samrollout.testing import start_server
+
+    model_dir = ensure_smollm2()
+    print(f"starting the server (log: {args.log}) ...", file=sys.stderr, flush=True)
+    server = start_server(["--served-model-name", "bench", "--max-model-len", "1024", "--max-num-seqs",
+                           str(args.max_num_seqs), "--rollout-scheduling", args.rollout_scheduling,
+                           "--scheduling-history", "0", "--log-level", "warning", "--",
+                           "--kv-cache-memory-bytes", str(int(args.kv_cache_gib * 2**30))], args.log)
+    try:
+        result = asyncio.run(run(args, server.url, str(model_dir)))
+    finally:
+        server.stop()
+    result.update({
+        "command": " ".join(["bench/async_rollout.py", *sys.argv[1:]]),
+        "model": "SmolLM2-135M-Instruct (built-in)",
+        "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "cpu_count": os.cpu_count(), "machine": platform.processor() or platform.machine()})
+    base = result["modes"].get("sync-wait", {}).get("samples_per_s")
+    if base:
+        result["samples_per_s_vs_sync_wait"] = {m: r["samples_per_s"] / base for m, r in result["modes"].items()}
+    report(result)
+    if args.json_path:
+        args.json_path.parent.mkdir(parents=True, exist_ok=True)
+        args.json_path.write_text(json.dumps(result, indent=2) + "\n")
+    if args.plot:
+        args.plot.parent.mkdir(parents=True, exist_ok=True)
+        plot(result, args.plot)
+
+
+if __name__ == "__main__":
+    main()

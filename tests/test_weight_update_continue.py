@@ -1,0 +1,427 @@
+"""Weight updates with ``in_flight: "continue"`` on the real engine (the shared tiny server): requests in flight
+go on under the new weights in the same response, nothing lost or generated twice, with exact version spans.
+
+Each probe (completion, chat, ``n > 1``; streamed and not) runs alone and is frozen mid-generation:
+once every choice has generated a token (a stream shows it; otherwise the engine's token counter
+does), ``/admin/pause`` with mode "keep" stops the engine at a step boundary, and the update with
+``continue`` starts from there (it pauses the frozen engine again, preempts its requests, loads,
+resumes), so where the update lands is fixed before it runs.  Every probe decodes greedily (the
+argmax, sampled with ``top_k: 1``: see `TOP1`), so for each choice, with ``k`` the boundary its
+spans give, the tokens before ``k`` are the old weights' greedy output and the tokens after are a
+fresh greedy request's under the new weights, for the prompt plus the first ``k`` tokens, each
+compared with the same request run alone (on this CPU the tiny random model's near-tied logits
+flip with the batch's composition).
+
+The one timing assumption: the engine does not generate all ``LENGTH`` tokens of a lone request
+between the probe's first token reaching the test and the freeze.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from conftest import API_KEY, admin_status
+from samrollout.testing import ServerProcess
+
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
+LENGTH = 440  # tokens of each probe: prompt (chat: its template too) + LENGTH within the 512-token context
+
+
+# --- the server: metrics, idleness, the weights it serves ---
+
+def metric(server: ServerProcess, name: str) -> float:
+    """The first /metrics sample named ``name`` (with its labels, if given; 0 when none is exported yet)."""
+    for line in httpx.get(f"{server.url}/metrics", timeout=30).text.splitlines():
+        if line.startswith(name) and line[len(name):len(name) + 1] in (" ", "{"):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+ABORTED = 'samrollout_requests_finished_total{finish_reason="abort"}'
+CONTINUED = "samrollout_continued_requests_total"
+RECOMPUTED = "samrollout_recomputed_tokens_total"
+GENERATED = "vllm:generation_tokens_total"
+
+
+def wait_until_idle(server: ServerProcess, timeout: float = 120.0) -> None:
+    """No request in the engine and none in flight over HTTP."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if metric(server, "vllm:num_requests_running") == 0 and admin_status(server)["in_flight_requests"] == 0:
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"the server is still busy after {timeout} s")
+
+
+class Weights:
+    """The tiny model's two weight sets and which one is served (tests swap between them)."""
+
+    def __init__(self, original: Path, other: Path) -> None:
+        self.original, self.other, self.loaded = original, other, original
+        self.count = 0
+
+    def next_dir(self) -> Path:
+        return self.other if self.loaded == self.original else self.original
+
+    def new_version(self, name: str) -> str:
+        self.count += 1
+        return f"continue-{name}-{self.count}"
+
+
+@pytest.fixture(scope="module")
+def weights(tiny_server: ServerProcess, tiny_dir: Path, tiny_weights_v2: Path) -> Iterator[Weights]:
+    """The weight swapper; the original weights (under the version served before) are back at the end."""
+    start_version = admin_status(tiny_server)["weight_version"]
+    swapper = Weights(tiny_dir, tiny_weights_v2)
+    yield swapper
+    if swapper.loaded != tiny_dir:
+        reply = httpx.post(f"{tiny_server.url}/admin/update_weights", headers=AUTH, timeout=300,
+                           json={"path": str(tiny_dir), "version": start_version, "in_flight": "wait"})
+        assert reply.status_code == 200, reply.text
+
+
+async def update(client: httpx.AsyncClient, weights: Weights, version: str) -> dict[str, Any]:
+    """``POST /admin/update_weights`` with ``continue``, loading the weights not served now."""
+    folder = weights.next_dir()
+    reply = await client.post("/admin/update_weights",
+                              json={"path": str(folder), "version": version, "in_flight": "continue"})
+    assert reply.status_code == 200, reply.text
+    weights.loaded = folder
+    result: dict[str, Any] = reply.json()
+    return result
+
+
+def client_for(server: ServerProcess) -> httpx.AsyncClient:
+    return httpx.AsyncClient(base_url=server.url, headers=AUTH, timeout=600,
+                             limits=httpx.Limits(max_connections=64, max_keepalive_connections=64))
+
+
+async def in_flight(client: httpx.AsyncClient, rollout: str) -> int:
+    reply = await client.get(f"/v1/rollouts/{rollout}")
+    return int(reply.json()["in_flight"]) if reply.status_code == 200 else 0
+
+
+async def until(condition: Any, what: str, timeout: float = 180.0) -> None:
+    """Poll the async ``condition()`` until it is true."""
+    deadline = time.monotonic() + timeout
+    while not await condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.05)
+
+
+# --- requests and what came back ---
+
+def completion(prompt: list[int], max_tokens: int = LENGTH, **extra: Any) -> dict[str, Any]:
+    """A greedy completion of a token-id prompt that runs its full length."""
+    return {"model": "tiny", "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True, "temperature": 0,
+            **extra}
+
+
+def chat(content: str, **extra: Any) -> dict[str, Any]:
+    return {"model": "tiny", "messages": [{"role": "user", "content": content}], "max_tokens": LENGTH,
+            "ignore_eos": True, "temperature": 0, **extra}
+
+
+def route_of(body: dict[str, Any]) -> str:
+    return "/v1/chat/completions" if "messages" in body else "/v1/completions"
+
+
+@dataclass
+class Choice:
+    """One choice of a reply, streamed or not: its tokens, logprobs, finish reason and version spans."""
+
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    finish_reason: str | None = None
+    spans: list[dict[str, Any]] | None = None
+    weight_version: str | None = None
+
+
+@dataclass
+class Reply:
+    """A reply's prompt token ids and choices by index."""
+
+    prompt_token_ids: list[int]
+    choices: dict[int, Choice]
+
+
+def _token_logprobs(choice: dict[str, Any]) -> list[float]:
+    logprobs = choice.get("logprobs")
+    if not logprobs:
+        return []
+    if "token_logprobs" in logprobs:  # completions
+        return [float(x) for x in logprobs["token_logprobs"]]
+    return [float(entry["logprob"]) for entry in logprobs.get("content") or []]  # chat
+
+
+def parse_body(body: dict[str, Any]) -> Reply:
+    """A non-streamed reply."""
+    prompt = body.get("prompt_token_ids") or body["choices"][0].get("prompt_token_ids")
+    choices = {int(c["index"]): Choice(list(c["token_ids"]), _token_logprobs(c), c["finish_reason"],
+                                       c["weight_version_spans"], c["weight_version"])
+               for c in body["choices"]}
+    return Reply(list(prompt), choices)
+
+
+def parse_chunks(chunks: list[dict[str, Any]]) -> Reply:
+    """A streamed reply: each choice's tokens and logprobs gathered over its chunks, its spans from its last."""
+    prompt: list[int] = []
+    choices: dict[int, Choice] = {}
+    for chunk in chunks:
+        prompt = prompt or list(chunk.get("prompt_token_ids") or [])
+        for c in chunk.get("choices") or []:
+            prompt = prompt or list(c.get("prompt_token_ids") or [])
+            choice = choices.setdefault(int(c.get("index", 0)), Choice())
+            choice.token_ids += c.get("token_ids") or []
+            choice.logprobs += _token_logprobs(c)
+            choice.weight_version = c.get("weight_version")
+            if c.get("finish_reason") is not None:
+                assert choice.finish_reason is None, "a choice ended twice"
+                choice.finish_reason, choice.spans = c["finish_reason"], c.get("weight_version_spans")
+            else:
+                assert "weight_version_spans" not in c  # spans come once, on the chunk that ends the choice
+    return Reply(prompt, choices)
+
+
+async def post(client: httpx.AsyncClient, body: dict[str, Any]) -> dict[str, Any]:
+    reply = await client.post(route_of(body), json=body)
+    assert reply.status_code == 200, reply.text
+    result: dict[str, Any] = reply.json()
+    return result
+
+
+async def stream(client: httpx.AsyncClient, body: dict[str, Any], generating: asyncio.Event | None = None,
+                 hang_up: asyncio.Event | None = None) -> list[dict[str, Any]]:
+    """Every JSON chunk of a streamed reply; sets ``generating`` once every choice has a token; with ``hang_up``,
+    closes the connection when it is set (after ``generating``)."""
+    chunks: list[dict[str, Any]] = []
+    seen: set[int] = set()
+    async with client.stream("POST", route_of(body), json={**body, "stream": True}) as reply:
+        assert reply.status_code == 200
+        async for line in reply.aiter_lines():
+            if not line.startswith("data: {"):
+                continue
+            chunk = json.loads(line[len("data: "):])
+            chunks.append(chunk)
+            seen.update(int(c.get("index", 0)) for c in chunk.get("choices") or [] if c.get("token_ids"))
+            if generating is not None and len(seen) == body.get("n", 1) and not generating.is_set():
+                generating.set()
+                if hang_up is not None:
+                    await hang_up.wait()
+                    return chunks  # leaving the block closes the connection
+    return chunks
+
+
+def span(start: int, end: int, version: str) -> dict[str, Any]:
+    return {"start": start, "end": end, "version": version}
+
+
+def close(a: list[float], b: list[float]) -> bool:
+    return len(a) == len(b) and all(math.isclose(x, y, rel_tol=1e-3, abs_tol=1e-3) for x, y in zip(a, b, strict=True))
+
+
+# --- the scenarios ---
+
+def prompt(number: int) -> list[int]:
+    """A short token-id prompt of its own (ids well inside the vocabulary)."""
+    return [1000 + 37 * number + j for j in range(8)]
+
+
+# The argmax, as greedy sampling, but sampled as far as vLLM and the drafter know: vLLM refuses greedy n > 1, and
+# seeded sampled requests get no drafts, so a lone probe makes one token per engine step (a greedy one drafts from
+# its own loops and the history of its reference, and can run its whole length before the freeze lands).
+TOP1 = {"temperature": 1.0, "top_k": 1}
+PROBES = {  # each runs alone, so that it is computed as its references are (see `frozen_mid_generation`)
+    "completion": completion(prompt(0), logprobs=2, seed=1, **TOP1),
+    "chat": chat("continue me", seed=2, **TOP1),
+    "completion n=3": completion(prompt(1), n=3, seed=3, **TOP1),
+    "completion stream": {**completion(prompt(2), logprobs=1, seed=4, **TOP1), "stream": True},
+    "chat stream": {**chat("continue me, streamed", seed=5, **TOP1), "stream": True},
+    "completion n=2 stream": {**completion(prompt(3), n=2, seed=6, **TOP1), "stream": True},
+}
+
+
+async def frozen_mid_generation(client: httpx.AsyncClient, server: ServerProcess,
+                                body: dict[str, Any]) -> asyncio.Task[Reply]:
+    """Start ``body`` and freeze the engine (``/admin/pause`` "keep") once every choice has generated a token.
+
+    A stream shows its tokens; for a non-streamed request the engine's token counter does (the
+    request runs alone).  Each request runs alone because on this CPU the tiny random model's top
+    logits are near-ties that flip with the batch's composition: only a request computed as its
+    references are (alone, from the same prompt) can be compared with them token for token.
+    """
+    n = int(body.get("n", 1))
+    if body.get("stream"):
+        generating = asyncio.Event()
+        reply = asyncio.create_task(_streamed(client, body, generating))
+        await asyncio.wait_for(generating.wait(), timeout=300)
+    else:
+        generated = metric(server, GENERATED)
+        reply = asyncio.create_task(_posted(client, body))
+
+        async def tokens_out() -> bool:
+            return await asyncio.to_thread(metric, server, GENERATED) >= generated + n
+
+        await until(tokens_out, "the request's first tokens")
+    assert (await client.post("/admin/pause", json={"mode": "keep"})).status_code == 200
+    return reply
+
+
+async def _streamed(client: httpx.AsyncClient, body: dict[str, Any], generating: asyncio.Event) -> Reply:
+    return parse_chunks(await stream(client, body, generating))
+
+
+async def _posted(client: httpx.AsyncClient, body: dict[str, Any]) -> Reply:
+    return parse_body(await post(client, body))
+
+
+def fresh_body(body: dict[str, Any], prompt_ids: list[int], max_tokens: int) -> dict[str, Any]:
+    """``body``'s sampling as a fresh completion of the token-id prompt ``prompt_ids`` (not streamed)."""
+    extra = {k: body[k] for k in ("n", "seed", "top_k", "temperature", "logprobs") if k in body}
+    return completion(prompt_ids, max_tokens, **extra)
+
+
+@pytest.mark.parametrize("kind", list(PROBES))
+def test_continue_keeps_every_token_and_labels_each_with_the_weights_that_sampled_it(
+        tiny_server: ServerProcess, weights: Weights, kind: str) -> None:
+    wait_until_idle(tiny_server)
+    body = PROBES[kind]
+    n = int(body.get("n", 1))
+    old, new = admin_status(tiny_server)["weight_version"], weights.new_version(kind.replace(" ", "-"))
+    counted = {name: metric(tiny_server, name) for name in (CONTINUED, RECOMPUTED)}
+
+    async def scenario() -> tuple[Reply, Reply, dict[str, Any], dict[int, Reply]]:
+        async with client_for(tiny_server) as client:
+            reference = parse_body(await post(client, {**body, "stream": False}))  # the old weights, alone
+            running = await frozen_mid_generation(client, tiny_server, body)
+            updated = await update(client, weights, new)
+            reply = await running
+            fresh: dict[int, Reply] = {}  # the new weights, alone, from the prompt + the tokens before the update
+            for choice in reply.choices.values():
+                k = choice.spans[0]["end"] if choice.spans and len(choice.spans) == 2 else None
+                if k is not None and k not in fresh:
+                    fresh[k] = parse_body(await post(client, fresh_body(
+                        body, reply.prompt_token_ids + choice.token_ids[:k], LENGTH - k)))
+            return reference, reply, updated, fresh
+
+    reference, reply, updated, fresh = asyncio.run(scenario())
+    assert sorted(reply.choices) == list(range(n)) and reply.prompt_token_ids == reference.prompt_token_ids
+    recomputed = 0
+    for index, choice in sorted(reply.choices.items()):
+        # Nothing lost, nothing repeated: the full length, in two spans that cover it.
+        assert choice.finish_reason == "length" and len(choice.token_ids) == LENGTH, (index, choice)
+        assert choice.spans is not None and len(choice.spans) == 2, choice.spans
+        k = choice.spans[0]["end"]
+        assert 0 < k < LENGTH and choice.spans == [span(0, k, old), span(k, LENGTH, new)]
+        assert choice.weight_version == old  # the label: its first token's version
+        before, after = reference.choices[index], fresh[k].choices[index]
+        assert choice.token_ids[:k] == before.token_ids[:k], f"choice {index}: not the old weights' tokens"
+        assert choice.token_ids[k:] == after.token_ids, f"choice {index}: not the new weights' continuation"
+        if body.get("logprobs"):  # each token's logprob is that of the weights that sampled it
+            assert close(choice.logprobs[:k], before.logprobs[:k])
+            assert close(choice.logprobs[k:], after.logprobs)
+        recomputed += len(reply.prompt_token_ids) + k
+    # The reply and the metrics count the sequences continued and the tokens prefilled again.
+    assert updated["in_flight"] == "continue" and updated["previous_version"] == old
+    assert (updated["continued_requests"], updated["recomputed_tokens"]) == (n, recomputed)
+    assert metric(tiny_server, CONTINUED) - counted[CONTINUED] == n
+    assert metric(tiny_server, RECOMPUTED) - counted[RECOMPUTED] == recomputed
+    wait_until_idle(tiny_server)
+
+
+def test_a_request_that_arrives_while_a_continue_update_holds_the_engine_runs_on_the_new_weights(
+        tiny_server: ServerProcess, weights: Weights) -> None:
+    wait_until_idle(tiny_server)
+    new = weights.new_version("late")
+    body = completion(prompt(4), 40, seed=9, **TOP1)
+
+    async def scenario() -> tuple[Reply, dict[str, Any], Reply]:
+        async with client_for(tiny_server) as client:
+            assert (await client.post("/admin/pause", json={"mode": "keep"})).status_code == 200
+            late = asyncio.create_task(_posted(client, body))
+
+            async def arrived() -> bool:
+                status = (await client.get("/admin/status", params={"drafter": "false"})).json()
+                return int(status["in_flight_requests"]) >= 1
+
+            await until(arrived, "the request to arrive")
+            updated = await update(client, weights, new)
+            reply = await late
+            return reply, updated, parse_body(await post(client, body))
+
+    reply, updated, again = asyncio.run(scenario())
+    assert updated["continued_requests"] == 0  # it had not started: nothing to continue
+    assert reply.choices[0].spans == [span(0, 40, new)] and reply.choices[0].weight_version == new
+    assert reply.choices[0].token_ids == again.choices[0].token_ids
+
+
+def test_a_stream_whose_client_hangs_up_while_frozen_for_an_update_is_aborted_once_and_not_continued(
+        tiny_server: ServerProcess, weights: Weights) -> None:
+    wait_until_idle(tiny_server)
+    new = weights.new_version("hang-up")
+    body = completion(prompt(11), 480, rollout_id="continue-hung-up", seed=7, **TOP1)
+    before = {name: metric(tiny_server, name) for name in (ABORTED, CONTINUED)}
+
+    async def scenario() -> tuple[dict[str, Any], float, dict[str, Any]]:
+        async with client_for(tiny_server) as client:
+            generating, hang_up = asyncio.Event(), asyncio.Event()
+            reading = asyncio.create_task(stream(client, body, generating, hang_up))
+            await asyncio.wait_for(generating.wait(), timeout=300)
+            assert (await client.post("/admin/pause", json={"mode": "keep"})).status_code == 200
+            hang_up.set()
+            await reading  # the connection is closed
+            await until(lambda: _none_in_flight(client, "continue-hung-up"), "the hung-up stream to end")
+            generated = metric(tiny_server, GENERATED)
+            updated = await update(client, weights, new)
+            summary = (await client.get("/v1/rollouts/continue-hung-up")).json()
+            return updated, generated, summary
+
+    updated, generated, summary = asyncio.run(scenario())
+    wait_until_idle(tiny_server)
+    assert updated["continued_requests"] == 0 and updated["recomputed_tokens"] == 0  # gone before the update
+    assert metric(tiny_server, GENERATED) == generated  # nothing ran after the update: it was not resumed
+    assert summary["finish_reasons"] == {"abort": 1}
+    assert metric(tiny_server, ABORTED) - before[ABORTED] == 1  # counted once
+    assert metric(tiny_server, CONTINUED) == before[CONTINUED]
+
+
+def test_a_stream_whose_client_hangs_up_as_a_continue_update_runs_is_aborted_once_wherever_it_lands(
+        tiny_server: ServerProcess, weights: Weights) -> None:
+    # The hang-up races the update: before its pause, while its requests wait preempted, or after the resume.
+    # Wherever it lands, the request ends aborted (never run to its length) and is counted once.
+    wait_until_idle(tiny_server)
+    new = weights.new_version("race")
+    body = completion(prompt(12), 480, rollout_id="continue-race", seed=8, **TOP1)
+    aborted_before = metric(tiny_server, ABORTED)
+
+    async def scenario() -> dict[str, Any]:
+        async with client_for(tiny_server) as client:
+            generating, hang_up = asyncio.Event(), asyncio.Event()
+            reading = asyncio.create_task(stream(client, body, generating, hang_up))
+            await asyncio.wait_for(generating.wait(), timeout=300)
+            updating = asyncio.create_task(update(client, weights, new))
+            hang_up.set()
+            await reading
+            await updating
+            await until(lambda: _none_in_flight(client, "continue-race"), "the hung-up stream to end")
+            summary: dict[str, Any] = (await client.get("/v1/rollouts/continue-race")).json()
+            return summary
+
+    summary = asyncio.run(scenario())
+    wait_until_idle(tiny_server)
+    assert summary["finish_reasons"] == {"abort": 1} and summary["output_tokens"] < 480
+    assert metric(tiny_server, ABORTED) - aborted_before == 1
+
+
+async def _none_in_flight(client: httpx.AsyncClient, rollout: str) -> bool:
+    return await in_flight(client, rollout) == 0
