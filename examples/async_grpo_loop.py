@@ -28,15 +28,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import random
-import re
 import statistics
 import time
 from collections import Counter
 from collections.abc import Iterator
 
-from samrollout_client import AsyncRolloutClient, GroupResult, Sample, Sampling
+from grpo_loop import advantages, reward  # the synchronous example's reward and GRPO advantages
 
-NUMBER = re.compile(r"-?\d+")
+from samrollout_client import AsyncRolloutClient, GroupResult, Sample, Sampling
 
 
 def questions(rng: random.Random, answers: dict[str, int]) -> Iterator[str]:
@@ -47,18 +46,6 @@ def questions(rng: random.Random, answers: dict[str, int]) -> Iterator[str]:
         prompt = f"Question: What is {a} {op} {b}? Think step by step, then give the number.\nAnswer:"
         answers[prompt] = a + b if op == "+" else a - b if op == "-" else a * b
         yield prompt
-
-
-def reward(text: str, answer: int) -> float:
-    """1.0 if the first number in the response is the answer, else 0.0 (a verifiable reward)."""
-    match = NUMBER.search(text)
-    return 1.0 if match is not None and int(match.group()) == answer else 0.0
-
-
-def advantages(rewards: list[float], eps: float = 1e-6) -> list[float]:
-    """GRPO's group-normalised advantages."""
-    mean, std = statistics.fmean(rewards), statistics.pstdev(rewards)
-    return [(r - mean) / (std + eps) for r in rewards]
 
 
 def off_policy_mask(sample: Sample, history: list[str]) -> list[bool]:
