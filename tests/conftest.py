@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import subprocess
 import sys
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -30,15 +34,68 @@ def tiny_dir(smollm2_dir: Path) -> Path:
     return build_tiny_model(cache_root() / "models" / "tiny-random-llama", smollm2_dir)
 
 
+@dataclass(frozen=True)
+class EngineRun:
+    """One fresh engine running ``jobs`` (tests/support/engine_jobs.py): the model, speculation (None: off), where
+    its files go, engine settings over `ENGINE`, and environment variables over this process's."""
+
+    model: Path
+    speculation: dict[str, Any] | None
+    jobs: list[dict[str, Any]]
+    workdir: Path
+    engine: dict[str, Any] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
+
+
 def run_engine_jobs(model: Path, speculation: dict[str, Any] | None, jobs: list[dict[str, Any]],
                     workdir: Path, **engine: Any) -> dict[str, Any]:
-    """Run ``jobs`` on a fresh engine in a subprocess (tests/support/engine_jobs.py) and return its JSON."""
-    workdir.mkdir(parents=True, exist_ok=True)
-    spec_file, out_file = workdir / "jobs.json", workdir / "out.json"
-    spec_file.write_text(json.dumps({"model": str(model), "speculation": speculation,
-                                     "engine": {**ENGINE, **engine}, "jobs": jobs}))
+    """Run ``jobs`` on a fresh engine in a subprocess (tests/support/engine_jobs.py), on every CPU; its JSON."""
+    return run_engine(EngineRun(model, speculation, jobs, workdir, engine))
+
+
+def run_engine(run: EngineRun) -> dict[str, Any]:
+    """``run`` alone, on every CPU of this process: its JSON."""
+    return _run(run, sorted(os.sched_getaffinity(0)))
+
+
+def run_engines_together(runs: Sequence[EngineRun]) -> list[dict[str, Any]]:
+    """Each run's JSON, in order; as many engines at once as this process has CPUs, each on CPUs of its own.
+
+    For small models only: the tiny model's engine spends most of its time in single-threaded
+    Python (scheduling, drafting), so two side by side, one CPU each, beat two in turn on both
+    (its exactness pair: 52 s instead of 74 s on 2 cores), while SmolLM2's is compute-bound and
+    runs fastest alone (`run_engine_jobs`).  Runs compared token for token must use the same
+    function: each runs with as many compute threads as it has CPUs.  Engines running at once
+    share `ENGINE`'s memory reservation (a run may set its own).
+    """
+    cpus = sorted(os.sched_getaffinity(0))
+    slots = max(1, min(len(runs), len(cpus)))
+    free: queue.SimpleQueue[list[int]] = queue.SimpleQueue()
+    for group in range(slots):  # disjoint CPU groups, one per engine running
+        free.put(cpus[group::slots])
+    share = {"gpu_memory_utilization": ENGINE["gpu_memory_utilization"] / slots}
+
+    def on_free_cpus(run: EngineRun) -> dict[str, Any]:
+        group = free.get()
+        try:
+            return _run(replace(run, engine={**share, **run.engine}), group)
+        finally:
+            free.put(group)
+
+    with ThreadPoolExecutor(max_workers=slots) as pool:
+        return list(pool.map(on_free_cpus, runs))
+
+
+def _run(run: EngineRun, cpus: list[int]) -> dict[str, Any]:
+    """One engine on ``cpus``, one compute thread per CPU (vLLM would run an in-process engine on one)."""
+    run.workdir.mkdir(parents=True, exist_ok=True)
+    spec_file, out_file = run.workdir / "jobs.json", run.workdir / "out.json"
+    spec_file.write_text(json.dumps({"model": str(run.model), "speculation": run.speculation,
+                                     "engine": {**ENGINE, **run.engine}, "jobs": run.jobs}))
+    env = {**os.environ, "OMP_NUM_THREADS": str(len(cpus)),
+           "VLLM_CPU_OMP_THREADS_BIND": ",".join(str(cpu) for cpu in cpus), **run.env}
     proc = subprocess.run([sys.executable, str(HERE / "support" / "engine_jobs.py"), str(spec_file), str(out_file)],
-                          capture_output=True, text=True, timeout=900, env=os.environ.copy())
+                          capture_output=True, text=True, timeout=900, env=env)
     if proc.returncode != 0:
         raise RuntimeError(f"engine jobs failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
     result: dict[str, Any] = json.loads(out_file.read_text())

@@ -416,14 +416,22 @@ def test_a_partial_rollout_carries_its_samples_across_a_continue_update_on_the_r
     async def run() -> None:
         async with AsyncRolloutClient(tiny_server.url, model="tiny", api_key=API_KEY, max_in_flight=16) as client:
             before = await asyncio.to_thread(_generated_tokens, tiny_server)
+            await client.pause("keep")  # frozen: the samples wait in the engine until it runs a burst
             async with client.partial_rollout([f"carry {i}: one two three" for i in range(3)], group_size=2,
                                               batch_groups=1, max_concurrent_groups=3, sampling=sampling,
                                               rollout_id="client-carry") as rollout:
                 deadline = time.monotonic() + 120
-                while await asyncio.to_thread(_generated_tokens, tiny_server) < before + 6 * 10:
-                    assert time.monotonic() < deadline, "the samples did not start"
+                while (await asyncio.to_thread(admin_status, tiny_server))["in_flight_requests"] < 3:
+                    assert time.monotonic() < deadline, "the samples did not reach the server"
                     await asyncio.sleep(0.02)
-                await client.pause("keep")  # frozen mid-generation: the update lands before any sample ends
+                burst = 0.02  # a few steps: the update lands before any sample ends, however slow this machine is
+                while await asyncio.to_thread(_generated_tokens, tiny_server) < before + 6:
+                    assert burst < 30, "the samples did not start"
+                    await client.resume()
+                    await asyncio.sleep(burst)
+                    await client.pause("keep")
+                    await asyncio.sleep(0.05)  # the last steps' outputs reach the counter
+                    burst *= 2
                 old = client.weight_versions[-1]
                 await client.update_weights(str(tiny_weights_v2), "client-carry-v2", in_flight="continue")
                 await client.resume()

@@ -13,7 +13,14 @@ import httpx
 import psutil
 import pytest
 
-from conftest import API_KEY, TINY_CHUNK_TOKENS, TINY_MAX_PROMPT_TOKENS, TINY_SERVER_MEMORY, run_engine_jobs
+from conftest import (
+    API_KEY,
+    TINY_CHUNK_TOKENS,
+    TINY_MAX_PROMPT_TOKENS,
+    TINY_SERVER_MEMORY,
+    EngineRun,
+    run_engines_together,
+)
 from samrollout.server.engine_watch import ENGINE_DIED_EXIT_CODE
 from samrollout.testing import ServerProcess, start_server
 
@@ -31,10 +38,10 @@ def test_seeded_requests_give_the_same_tokens_whether_their_prefill_is_chunked_o
          "params": {"temperature": 1.0, "max_tokens": 24}},
         {"name": "greedy", "prompt_token_ids": LONG_PROMPTS, "params": {"temperature": 0.0, "max_tokens": 24}},
     ]
-    chunked = run_engine_jobs(tiny_dir, None, jobs, tmp_path / "chunked", enable_chunked_prefill=True,
-                              max_num_batched_tokens=64, max_num_seqs=16)
-    whole = run_engine_jobs(tiny_dir, None, jobs, tmp_path / "whole", enable_chunked_prefill=False,
-                            max_num_seqs=16)
+    chunked, whole = run_engines_together([
+        EngineRun(tiny_dir, None, jobs, tmp_path / "chunked",
+                  {"enable_chunked_prefill": True, "max_num_batched_tokens": 64, "max_num_seqs": 16}),
+        EngineRun(tiny_dir, None, jobs, tmp_path / "whole", {"enable_chunked_prefill": False, "max_num_seqs": 16})])
     for name in ("seeded", "greedy"):
         assert [s[0]["token_ids"] for s in chunked["results"][name]] == \
                [s[0]["token_ids"] for s in whole["results"][name]], name

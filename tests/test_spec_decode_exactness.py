@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from conftest import run_engine_jobs
+from conftest import EngineRun, run_engine_jobs, run_engines_together
 from samrollout.spec_decode.stats import ProposerStats
 
 # The default draft policy ("auto": min_match_length 2 on this CPU) on SmolLM2; the tiny model
@@ -78,13 +78,6 @@ PREEMPT_JOBS: list[dict[str, Any]] = [
 PREEMPT_ENGINE = {"max_model_len": 256, "num_gpu_blocks_override": 24, "block_size": 32}
 
 
-@pytest.fixture(scope="module")
-def tiny_runs(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], dict[str, Any]]:
-    base = tmp_path_factory.mktemp("tiny")
-    return (run_engine_jobs(tiny_dir, None, TINY_JOBS, base / "off"),
-            run_engine_jobs(tiny_dir, SAM_DRAFT_MOST, TINY_JOBS, base / "on"))
-
-
 # Seer's long drafts in the tail: 16 drafts while at most 4 requests run, 8 up to 8, and past
 # that rows whose match is 2+ tokens (confident_match: the 12-prompt greedy job starts there)
 # and the 2 rows that have run longest (critical-path drafts, up to 16); with the global index
@@ -96,22 +89,42 @@ LONG_DRAFT_JOBS = [job for job in TINY_JOBS if job["name"] in ("greedy", "repeti
 
 
 @pytest.fixture(scope="module")
-def long_draft_run(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    return run_engine_jobs(tiny_dir, SAM_LONG_DRAFTS, LONG_DRAFT_JOBS, tmp_path_factory.mktemp("long") / "on")
+def engine_runs(tiny_dir: Path, smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Every engine this module compares, each fresh: SmolLM2's alone on every CPU (`run_engine_jobs`), the tiny
+    model's side by side (`run_engines_together`); the runs compared token for token run the same way."""
+    base = tmp_path_factory.mktemp("exactness")
+    runs = {
+        "smollm2 off": run_engine_jobs(smollm2_dir, None, SMOLLM2_JOBS, base / "smollm2-off", **SMOLLM2_ENGINE),
+        "smollm2 on": run_engine_jobs(smollm2_dir, SAM, SMOLLM2_JOBS, base / "smollm2-on", **SMOLLM2_ENGINE),
+    }
+    tiny = {
+        "tiny off": EngineRun(tiny_dir, None, TINY_JOBS, base / "tiny-off"),
+        "tiny on": EngineRun(tiny_dir, SAM_DRAFT_MOST, TINY_JOBS, base / "tiny-on"),
+        "preempt off": EngineRun(tiny_dir, None, PREEMPT_JOBS, base / "preempt-off", PREEMPT_ENGINE),
+        "preempt on": EngineRun(tiny_dir, SAM_DRAFT_MOST, PREEMPT_JOBS, base / "preempt-on", PREEMPT_ENGINE),
+        "long drafts": EngineRun(tiny_dir, SAM_LONG_DRAFTS, LONG_DRAFT_JOBS, base / "long-drafts"),
+    }
+    return {**runs, **dict(zip(tiny, run_engines_together(list(tiny.values())), strict=True))}
 
 
 @pytest.fixture(scope="module")
-def preempt_runs(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], dict[str, Any]]:
-    base = tmp_path_factory.mktemp("preempt")
-    return (run_engine_jobs(tiny_dir, None, PREEMPT_JOBS, base / "off", **PREEMPT_ENGINE),
-            run_engine_jobs(tiny_dir, SAM_DRAFT_MOST, PREEMPT_JOBS, base / "on", **PREEMPT_ENGINE))
+def tiny_runs(engine_runs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    return engine_runs["tiny off"], engine_runs["tiny on"]
 
 
 @pytest.fixture(scope="module")
-def smollm2_runs(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], dict[str, Any]]:
-    base = tmp_path_factory.mktemp("smollm2")
-    return (run_engine_jobs(smollm2_dir, None, SMOLLM2_JOBS, base / "off", **SMOLLM2_ENGINE),
-            run_engine_jobs(smollm2_dir, SAM, SMOLLM2_JOBS, base / "on", **SMOLLM2_ENGINE))
+def long_draft_run(engine_runs: dict[str, Any]) -> dict[str, Any]:
+    return engine_runs["long drafts"]  # type: ignore[no-any-return]
+
+
+@pytest.fixture(scope="module")
+def preempt_runs(engine_runs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    return engine_runs["preempt off"], engine_runs["preempt on"]
+
+
+@pytest.fixture(scope="module")
+def smollm2_runs(engine_runs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    return engine_runs["smollm2 off"], engine_runs["smollm2 on"]
 
 
 def _tokens(run: dict[str, Any], job: str) -> list[list[list[int]]]:

@@ -454,7 +454,10 @@ def test_verls_checkpoint_engine_manager_syncs_weights_to_running_servers_withou
             while not await _at_least(http.get("/admin/status", params={"drafter": "false"}), 24):
                 assert time.monotonic() < deadline, "the responses never reached the server"
                 await asyncio.sleep(0.05)
-        metrics = await manager.update_weights(global_steps=11)
+            # Frozen mid-generation ("keep" ends nothing): the sync then lands with the responses that started still
+            # running, however long veRL's dispatch takes (left running, they could all end first on a slow machine).
+            assert (await http.post("/admin/pause", json={"mode": "keep"})).status_code == 200
+        metrics = await manager.update_weights(global_steps=11)  # the "continue" update resumes the engine
         return list(await asyncio.gather(*running)), metrics
 
     ended, metrics = asyncio.run(scenario())

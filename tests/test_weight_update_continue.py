@@ -2,9 +2,9 @@
 go on under the new weights in the same response, nothing lost or generated twice, with exact version spans.
 
 Each probe (completion, chat, ``n > 1``; streamed and not) runs alone and is frozen mid-generation:
-once every choice has generated a token (a stream shows it; otherwise the engine's token counter
-does), ``/admin/pause`` with mode "keep" stops the engine at a step boundary, and the update with
-``continue`` starts from there (it pauses the frozen engine again, preempts its requests, loads,
+it is sent to an engine frozen with ``/admin/pause`` mode "keep", which then runs in short bursts
+(resumed, frozen again at a step boundary) until every choice has generated a token, and the
+update with ``continue`` starts from there (it pauses the frozen engine again, preempts its requests, loads,
 resumes), so where the update lands is fixed before it runs.  Every probe decodes greedily (the
 argmax, sampled with ``top_k: 1``: see `TOP1`), so for each choice, with ``k`` the boundary its
 spans give, the tokens before ``k`` are the old weights' greedy output and the tokens after are a
@@ -12,8 +12,8 @@ fresh greedy request's under the new weights, for the prompt plus the first ``k`
 compared with the same request run alone (on this CPU the tiny random model's near-tied logits
 flip with the batch's composition).
 
-The one timing assumption: the engine does not generate all ``LENGTH`` tokens of a lone request
-between the probe's first token reaching the test and the freeze.
+The one timing assumption: the burst that gives a probe its first tokens (20 ms, doubled while it
+has none) does not run all ``LENGTH`` tokens of a lone request.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import asyncio
 import json
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -253,32 +253,60 @@ PROBES = {  # each runs alone, so that it is computed as its references are (see
 
 async def frozen_mid_generation(client: httpx.AsyncClient, server: ServerProcess,
                                 body: dict[str, Any]) -> asyncio.Task[Reply]:
-    """Start ``body`` and freeze the engine (``/admin/pause`` "keep") once every choice has generated a token.
+    """Start ``body`` on a frozen engine and let it run in short bursts until every choice has a token; frozen after.
 
-    A stream shows its tokens; for a non-streamed request the engine's token counter does (the
-    request runs alone).  Each request runs alone because on this CPU the tiny random model's top
-    logits are near-ties that flip with the batch's composition: only a request computed as its
-    references are (alone, from the same prompt) can be compared with them token for token.
+    The engine is frozen (``/admin/pause`` "keep") before the request is sent, so the request
+    waits in it; each burst resumes the engine for a few steps and freezes it again, until the
+    engine's token counter shows a token for every choice.  Where the update lands is then a few
+    steps into the request, however slow this machine or its ``/metrics`` are (polling a running
+    request raced it to its end on a loaded CI machine).  Each request runs alone because on this
+    CPU the tiny random model's top logits are near-ties that flip with the batch's composition:
+    only a request computed as its references are (alone, from the same prompt) can be compared
+    with them token for token; pausing between steps does not change what a step computes.
     """
     n = int(body.get("n", 1))
-    if body.get("stream"):
-        generating = asyncio.Event()
-        reply = asyncio.create_task(_streamed(client, body, generating))
-        await asyncio.wait_for(generating.wait(), timeout=300)
-    else:
-        generated = metric(server, GENERATED)
-        reply = asyncio.create_task(_posted(client, body))
+    generated = metric(server, GENERATED)
+    await freeze(client)
+    reply = asyncio.create_task(_streamed(client, body) if body.get("stream") else _posted(client, body))
+    await until(lambda: arrived(client), "the request to arrive")
 
-        async def tokens_out() -> bool:
-            return await asyncio.to_thread(metric, server, GENERATED) >= generated + n
+    async def every_choice_generated() -> bool:
+        return await asyncio.to_thread(metric, server, GENERATED) >= generated + n
 
-        await until(tokens_out, "the request's first tokens")
-    assert (await client.post("/admin/pause", json={"mode": "keep"})).status_code == 200
+    await run_in_bursts(client, every_choice_generated)
     return reply
 
 
-async def _streamed(client: httpx.AsyncClient, body: dict[str, Any], generating: asyncio.Event) -> Reply:
-    return parse_chunks(await stream(client, body, generating))
+async def arrived(client: httpx.AsyncClient) -> bool:
+    """A request is in flight over HTTP."""
+    status = (await client.get("/admin/status", params={"drafter": "false"})).json()
+    return int(status["in_flight_requests"]) >= 1
+
+
+async def run_in_bursts(client: httpx.AsyncClient, done: Callable[[], Awaitable[bool]]) -> None:
+    """Run the frozen engine in short bursts (resumed, frozen again) until ``done()``; it is frozen after.
+
+    The first burst is 20 ms, a few steps of the tiny model; each burst without ``done()`` doubles.
+    """
+    burst = 0.02
+    while True:
+        assert (await client.post("/admin/resume")).status_code == 200
+        await asyncio.sleep(burst)
+        await freeze(client)
+        await asyncio.sleep(0.05)  # the last steps' outputs reach the counter and the client
+        if await done():
+            return
+        assert burst < 30, "nothing was generated while the engine ran"
+        burst *= 2
+
+
+async def freeze(client: httpx.AsyncClient) -> None:
+    """``/admin/pause`` "keep": the engine stops at a step boundary, ending nothing; new requests wait."""
+    assert (await client.post("/admin/pause", json={"mode": "keep"})).status_code == 200
+
+
+async def _streamed(client: httpx.AsyncClient, body: dict[str, Any]) -> Reply:
+    return parse_chunks(await stream(client, body))
 
 
 async def _posted(client: httpx.AsyncClient, body: dict[str, Any]) -> Reply:
@@ -375,9 +403,14 @@ def test_a_stream_whose_client_hangs_up_while_frozen_for_an_update_is_aborted_on
     async def scenario() -> tuple[dict[str, Any], float, dict[str, Any]]:
         async with client_for(tiny_server) as client:
             generating, hang_up = asyncio.Event(), asyncio.Event()
+            await freeze(client)  # then run in bursts until it streams a token: frozen long before its end
             reading = asyncio.create_task(stream(client, body, generating, hang_up))
-            await asyncio.wait_for(generating.wait(), timeout=300)
-            assert (await client.post("/admin/pause", json={"mode": "keep"})).status_code == 200
+            await until(lambda: arrived(client), "the stream to arrive")
+
+            async def streaming() -> bool:
+                return generating.is_set()
+
+            await run_in_bursts(client, streaming)
             hang_up.set()
             await reading  # the connection is closed
             await until(lambda: _none_in_flight(client, "continue-hung-up"), "the hung-up stream to end")
