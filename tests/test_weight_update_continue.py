@@ -375,14 +375,9 @@ def test_a_request_that_arrives_while_a_continue_update_holds_the_engine_runs_on
 
     async def scenario() -> tuple[Reply, dict[str, Any], Reply]:
         async with client_for(tiny_server) as client:
-            assert (await client.post("/admin/pause", json={"mode": "keep"})).status_code == 200
+            await freeze(client)
             late = asyncio.create_task(_posted(client, body))
-
-            async def arrived() -> bool:
-                status = (await client.get("/admin/status", params={"drafter": "false"})).json()
-                return int(status["in_flight_requests"]) >= 1
-
-            await until(arrived, "the request to arrive")
+            await until(lambda: arrived(client), "the request to arrive")
             updated = await update(client, weights, new)
             reply = await late
             return reply, updated, parse_body(await post(client, body))
