@@ -410,10 +410,9 @@ def test_abort_ends_a_running_rollout_with_partial_samples(tiny_server: ServerPr
 
 
 async def wait_in_flight(server: ServerProcess, rollout_id: str, count: int) -> None:
-    import httpx
-
     async with httpx.AsyncClient(headers={"Authorization": f"Bearer {API_KEY}"}) as http:
-        for _ in range(200):
+        deadline = time.monotonic() + 180  # a loaded machine's API process once took over a minute to take eight
+        while time.monotonic() < deadline:
             reply = await http.get(f"{server.url}/v1/rollouts/{rollout_id}")
             if reply.status_code == 200 and reply.json()["in_flight"] >= count:
                 return

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -42,9 +43,11 @@ def test_sigterm_lets_in_flight_requests_finish_and_exits_cleanly(default_server
 
     worker = threading.Thread(target=long_request)
     worker.start()
-    import time
-
-    time.sleep(1.0)
+    deadline = time.monotonic() + 120
+    while httpx.get(f"{default_server.url}/admin/status", params={"drafter": "false"},
+                    timeout=30).json()["in_flight_requests"] < 1:  # in flight before the SIGTERM, however slow
+        assert time.monotonic() < deadline and worker.is_alive(), "the request never reached the server"
+        time.sleep(0.05)
     code = default_server.stop(timeout=120)
     worker.join(timeout=60)
     reply = result["reply"]

@@ -23,6 +23,7 @@ from conftest import (
 )
 from samrollout.server.engine_watch import ENGINE_DIED_EXIT_CODE
 from samrollout.testing import ServerProcess, start_server
+from support.frozen_engine import in_flight_at_least, until
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 # Prompts well over the chunk budget below: prefilled over several engine steps.
@@ -116,7 +117,7 @@ def test_a_dead_engine_ends_the_server_with_a_nonzero_exit_instead_of_serving_er
             bodies = [{"model": "tiny", "prompt": f"load {i}", "max_tokens": 400, "ignore_eos": True,
                        "temperature": 1.0, "seed": i} for i in range(8)]
             tasks = [asyncio.create_task(client.post("/v1/completions", json=b)) for b in bodies]
-            await asyncio.sleep(0.5)
+            await until(lambda: in_flight_at_least(client, len(bodies)), "the requests to reach the server")
             _engine_core(doomed_server).kill()
             return list(await asyncio.gather(*tasks, return_exceptions=True))
 

@@ -127,8 +127,11 @@ def test_rollout_summary_and_histograms_follow_a_tagged_rollout(tiny_server: Ser
             await asyncio.gather(*tasks)
 
     asyncio.run(rollout())
-    time.sleep(3.5)  # the rollout ends after --rollout-idle-seconds (2 s) with nothing in flight
-    summary = httpx.get(f"{tiny_server.url}/v1/rollouts/metrics-rollout", headers=AUTH, timeout=30).json()
+    deadline = time.monotonic() + 60  # the rollout ends after --rollout-idle-seconds (2 s) with nothing in flight
+    while not (summary := httpx.get(f"{tiny_server.url}/v1/rollouts/metrics-rollout", headers=AUTH,
+                                    timeout=30).json())["finished"]:
+        assert time.monotonic() < deadline, summary
+        time.sleep(0.2)
     assert summary["finished"] and summary["sequences"] == 16 and summary["in_flight"] == 0
     assert summary["output_tokens"] == sum(lengths) and summary["longest_tokens"] == 240
     assert summary["longest_to_median"] == 30.0 and summary["peak_in_flight"] == 16

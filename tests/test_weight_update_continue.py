@@ -22,7 +22,7 @@ import asyncio
 import json
 import math
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,6 +32,7 @@ import pytest
 
 from conftest import API_KEY, admin_status
 from samrollout.testing import ServerProcess
+from support.frozen_engine import GENERATED, freeze, in_flight_at_least, run_in_bursts, until
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 LENGTH = 440  # tokens of each probe: prompt (chat: its template too) + LENGTH within the 512-token context
@@ -50,7 +51,6 @@ def metric(server: ServerProcess, name: str) -> float:
 ABORTED = 'samrollout_requests_finished_total{finish_reason="abort"}'
 CONTINUED = "samrollout_continued_requests_total"
 RECOMPUTED = "samrollout_recomputed_tokens_total"
-GENERATED = "vllm:generation_tokens_total"
 
 
 def wait_until_idle(server: ServerProcess, timeout: float = 120.0) -> None:
@@ -109,14 +109,6 @@ def client_for(server: ServerProcess) -> httpx.AsyncClient:
 async def in_flight(client: httpx.AsyncClient, rollout: str) -> int:
     reply = await client.get(f"/v1/rollouts/{rollout}")
     return int(reply.json()["in_flight"]) if reply.status_code == 200 else 0
-
-
-async def until(condition: Any, what: str, timeout: float = 180.0) -> None:
-    """Poll the async ``condition()`` until it is true."""
-    deadline = time.monotonic() + timeout
-    while not await condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.05)
 
 
 # --- requests and what came back ---
@@ -268,41 +260,13 @@ async def frozen_mid_generation(client: httpx.AsyncClient, server: ServerProcess
     generated = metric(server, GENERATED)
     await freeze(client)
     reply = asyncio.create_task(_streamed(client, body) if body.get("stream") else _posted(client, body))
-    await until(lambda: arrived(client), "the request to arrive")
+    await until(lambda: in_flight_at_least(client, 1), "the request to arrive")
 
     async def every_choice_generated() -> bool:
         return await asyncio.to_thread(metric, server, GENERATED) >= generated + n
 
     await run_in_bursts(client, every_choice_generated)
     return reply
-
-
-async def arrived(client: httpx.AsyncClient) -> bool:
-    """A request is in flight over HTTP."""
-    status = (await client.get("/admin/status", params={"drafter": "false"})).json()
-    return int(status["in_flight_requests"]) >= 1
-
-
-async def run_in_bursts(client: httpx.AsyncClient, done: Callable[[], Awaitable[bool]]) -> None:
-    """Run the frozen engine in short bursts (resumed, frozen again) until ``done()``; it is frozen after.
-
-    The first burst is 20 ms, a few steps of the tiny model; each burst without ``done()`` doubles.
-    """
-    burst = 0.02
-    while True:
-        assert (await client.post("/admin/resume")).status_code == 200
-        await asyncio.sleep(burst)
-        await freeze(client)
-        await asyncio.sleep(0.05)  # the last steps' outputs reach the counter and the client
-        if await done():
-            return
-        assert burst < 30, "nothing was generated while the engine ran"
-        burst *= 2
-
-
-async def freeze(client: httpx.AsyncClient) -> None:
-    """``/admin/pause`` "keep": the engine stops at a step boundary, ending nothing; new requests wait."""
-    assert (await client.post("/admin/pause", json={"mode": "keep"})).status_code == 200
 
 
 async def _streamed(client: httpx.AsyncClient, body: dict[str, Any]) -> Reply:
@@ -377,7 +341,7 @@ def test_a_request_that_arrives_while_a_continue_update_holds_the_engine_runs_on
         async with client_for(tiny_server) as client:
             await freeze(client)
             late = asyncio.create_task(_posted(client, body))
-            await until(lambda: arrived(client), "the request to arrive")
+            await until(lambda: in_flight_at_least(client, 1), "the request to arrive")
             updated = await update(client, weights, new)
             reply = await late
             return reply, updated, parse_body(await post(client, body))
@@ -400,7 +364,7 @@ def test_a_stream_whose_client_hangs_up_while_frozen_for_an_update_is_aborted_on
             generating, hang_up = asyncio.Event(), asyncio.Event()
             await freeze(client)  # then run in bursts until it streams a token: frozen long before its end
             reading = asyncio.create_task(stream(client, body, generating, hang_up))
-            await until(lambda: arrived(client), "the stream to arrive")
+            await until(lambda: in_flight_at_least(client, 1), "the stream to arrive")
 
             async def streaming() -> bool:
                 return generating.is_set()

@@ -15,6 +15,7 @@ import pytest
 
 from conftest import API_KEY, admin_status
 from samrollout.testing import ServerProcess
+from support.frozen_engine import counter, frozen, run_in_bursts, until
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 LONG = 400  # tokens of the requests kept running across an update (prompt + LONG within the 512 context)
@@ -120,6 +121,38 @@ async def running_requests(client: httpx.AsyncClient, rollout: str, count: int) 
         await asyncio.sleep(0.05)
 
 
+async def started_frozen(client: httpx.AsyncClient, rollout: str, count: int, generated: float) -> None:
+    """On an engine frozen before they were sent: wait for the ``count`` sequences of ``rollout`` to arrive,
+    then run the engine in bursts until each may have a token (``generated``: the token counter before).
+
+    Frozen, they cannot end before the update the test sends next lands, however slow or fast this machine.
+    """
+    await running_requests(client, rollout, count)
+
+    async def generating() -> bool:
+        return await counter(client) >= generated + count
+
+    await run_in_bursts(client, generating)
+
+
+async def wait_update_holding(client: httpx.AsyncClient, weights: Weights,
+                              version: str) -> asyncio.Task[httpx.Response]:
+    """Start a "wait" update on the frozen engine; return once its pause holds new requests.
+
+    The "wait" pause lets the frozen sequences run on to their end, so the engine's token
+    counter moving again says the pause has landed: a request sent from then on queues
+    and runs on the new weights.
+    """
+    held_at = await counter(client)
+    updating = asyncio.create_task(update(client, weights, version, "wait"))
+
+    async def draining() -> bool:
+        return await counter(client) > held_at
+
+    await until(draining, "the update's pause to let the frozen requests run on")
+    return updating
+
+
 def test_a_request_sent_during_a_wait_update_says_the_new_version_streamed_or_not(
         tiny_server: ServerProcess, weights: Weights) -> None:
     # The reported bug: the stream said the previous version although the new weights produced it.
@@ -128,14 +161,14 @@ def test_a_request_sent_during_a_wait_update_says_the_new_version_streamed_or_no
 
     async def scenario() -> tuple[list[dict[str, Any]], httpx.Response, dict[str, Any], list[dict[str, Any]]]:
         async with client_for(tiny_server) as client:
-            load = [asyncio.create_task(post(client, body(f"keep busy {i}", LONG, rollout_id="repro-load")))
-                    for i in range(8)]
-            await running_requests(client, "repro-load", 8)
-            await asyncio.sleep(0.3)
-            updating = asyncio.create_task(update(client, weights, new, "wait"))
-            await asyncio.sleep(1.0)
-            plain, streamed = await asyncio.gather(post(client, probe), stream(client, probe))
-            return list(await asyncio.gather(*load)), await updating, plain, streamed
+            generated = await counter(client)
+            async with frozen(client):  # resumed after, even if the test fails
+                load = [asyncio.create_task(post(client, body(f"keep busy {i}", LONG, rollout_id="repro-load")))
+                        for i in range(8)]
+                await started_frozen(client, "repro-load", 8, generated)
+                updating = await wait_update_holding(client, weights, new)
+                plain, streamed = await asyncio.gather(post(client, probe), stream(client, probe))
+                return list(await asyncio.gather(*load)), await updating, plain, streamed
 
     load, updated, plain, streamed = asyncio.run(scenario())
     assert updated.status_code == 200, updated.text
@@ -178,14 +211,15 @@ def test_requests_aborted_by_an_abort_update_carry_the_old_version(
     async def scenario() -> tuple[list[dict[str, Any]], list[dict[str, Any]], httpx.Response, dict[str, Any]]:
         async with client_for(tiny_server) as client:
             extra = {"rollout_id": "aborted-by-update"}
-            plain = [asyncio.create_task(post(client, body(f"aborted {i}", LONG, **extra))) for i in range(3)]
-            streamed = asyncio.create_task(stream(client, body("aborted stream", LONG, n=2, temperature=1.0, seed=2,
-                                                               **extra)))
-            await running_requests(client, "aborted-by-update", 5)
-            await asyncio.sleep(0.5)  # tokens flow
-            updated = await update(client, weights, new, "abort")
-            after = await post(client, body("after the abort update", 8))
-            return list(await asyncio.gather(*plain)), await streamed, updated, after
+            generated = await counter(client)
+            async with frozen(client):  # resumed after, even if the test fails
+                plain = [asyncio.create_task(post(client, body(f"aborted {i}", LONG, **extra))) for i in range(3)]
+                streamed = asyncio.create_task(stream(client, body("aborted stream", LONG, n=2, temperature=1.0, seed=2,
+                                                                   **extra)))
+                await started_frozen(client, "aborted-by-update", 5, generated)
+                updated = await update(client, weights, new, "abort")
+                after = await post(client, body("after the abort update", 8))
+                return list(await asyncio.gather(*plain)), await streamed, updated, after
 
     plain, streamed, updated, after = asyncio.run(scenario())
     assert updated.status_code == 200, updated.text
@@ -206,20 +240,21 @@ def test_every_choice_of_n_above_one_is_labelled_old_in_flight_and_new_when_queu
     async def scenario() -> tuple[dict[str, Any], dict[str, Any], list[dict[str, Any]], dict[str, Any],
                                   list[dict[str, Any]]]:
         async with client_for(tiny_server) as client:
-            before = asyncio.create_task(post(client, body("in flight n", LONG, n=3, temperature=1.0, seed=1,
-                                                     rollout_id="inflight-n")))
-            before_stream = asyncio.create_task(stream(client, body("in flight n stream", LONG, n=3, temperature=1.0,
-                                                                    seed=2, rollout_id="inflight-n")))
-            await running_requests(client, "inflight-n", 6)
-            await asyncio.sleep(0.3)
-            updating = asyncio.create_task(update(client, weights, new, "wait"))
-            await asyncio.sleep(0.5)  # the update waits for the six sequences above: these queue
-            queued = asyncio.create_task(post(client, body("queued n", 12, n=3, temperature=1.0, seed=5,
-                                                            rollout_id="queued-n")))
-            queued_stream = asyncio.create_task(stream(client, chat, "/v1/chat/completions"))
-            queued_chat = await post(client, {**chat, "seed": 4}, "/v1/chat/completions")
-            assert (await updating).status_code == 200
-            return await before, queued_chat, await before_stream, await queued, await queued_stream
+            generated = await counter(client)
+            async with frozen(client):  # resumed after, even if the test fails
+                before = asyncio.create_task(post(client, body("in flight n", LONG, n=3, temperature=1.0, seed=1,
+                                                         rollout_id="inflight-n")))
+                before_stream = asyncio.create_task(stream(client, body("in flight n stream", LONG, n=3,
+                                                                        temperature=1.0, seed=2,
+                                                                        rollout_id="inflight-n")))
+                await started_frozen(client, "inflight-n", 6, generated)
+                updating = await wait_update_holding(client, weights, new)  # it waits for the six above: these queue
+                queued = asyncio.create_task(post(client, body("queued n", 12, n=3, temperature=1.0, seed=5,
+                                                                rollout_id="queued-n")))
+                queued_stream = asyncio.create_task(stream(client, chat, "/v1/chat/completions"))
+                queued_chat = await post(client, {**chat, "seed": 4}, "/v1/chat/completions")
+                assert (await updating).status_code == 200
+                return await before, queued_chat, await before_stream, await queued, await queued_stream
 
     before, queued_chat, before_stream, queued, queued_stream = asyncio.run(scenario())
     assert before["weight_version"] == old and [c["weight_version"] for c in before["choices"]] == [old] * 3
