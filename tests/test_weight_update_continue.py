@@ -90,6 +90,13 @@ def weights(tiny_server: ServerProcess, tiny_dir: Path, tiny_weights_v2: Path) -
         assert reply.status_code == 200, reply.text
 
 
+@pytest.fixture(autouse=True)
+def serving_after(tiny_server: ServerProcess) -> Iterator[None]:
+    """However a test here ends, the shared server is left resumed (the tests freeze it; the update resumes it)."""
+    yield
+    assert httpx.post(f"{tiny_server.url}/admin/resume", headers=AUTH, timeout=60).status_code == 200
+
+
 async def update(client: httpx.AsyncClient, weights: Weights, version: str) -> dict[str, Any]:
     """``POST /admin/update_weights`` with ``continue``, loading the weights not served now."""
     folder = weights.next_dir()
