@@ -15,7 +15,6 @@ import asyncio
 import contextlib
 import itertools
 import json
-import time
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +37,7 @@ from samrollout_client import (
 from samrollout_client.divided import DividedSample
 from samrollout_client.spans import join_spans, parse_spans
 from samrollout_client.verl.settings import backend_settings
+from support.frozen_engine import counter, freeze, in_flight_at_least, run_in_bursts, until
 
 URL = "http://fake:8000"
 
@@ -400,13 +400,6 @@ def test_the_sync_client_runs_a_partial_rollout_on_its_loop_thread() -> None:
 # --- on the real engine ---------------------------------------------------------------------------
 
 
-def _generated_tokens(server: ServerProcess) -> float:
-    for line in httpx.get(f"{server.url}/metrics", timeout=30).text.splitlines():
-        if line.startswith("vllm:generation_tokens_total"):
-            return float(line.rsplit(" ", 1)[1])
-    return 0.0
-
-
 def test_a_partial_rollout_carries_its_samples_across_a_continue_update_on_the_real_server(
         tiny_server: ServerProcess, tiny_dir: Path, tiny_weights_v2: Path) -> None:
     """Six greedy samples frozen mid-generation (``/admin/pause`` keep), new weights with ``continue``: every
@@ -416,24 +409,21 @@ def test_a_partial_rollout_carries_its_samples_across_a_continue_update_on_the_r
     start_version = admin_status(tiny_server)["weight_version"]
 
     async def run() -> None:
-        async with AsyncRolloutClient(tiny_server.url, model="tiny", api_key=API_KEY, max_in_flight=16) as client:
-            before = await asyncio.to_thread(_generated_tokens, tiny_server)
-            await client.pause("keep")  # frozen: the samples wait in the engine until it runs a burst
+        async with (AsyncRolloutClient(tiny_server.url, model="tiny", api_key=API_KEY, max_in_flight=16) as client,
+                    httpx.AsyncClient(base_url=tiny_server.url, timeout=60,
+                                      headers={"Authorization": f"Bearer {API_KEY}"}) as admin):
+            before = await counter(admin)
+            await freeze(admin)  # the samples wait in the engine until it runs a burst
             async with client.partial_rollout([f"carry {i}: one two three" for i in range(3)], group_size=2,
                                               batch_groups=1, max_concurrent_groups=3, sampling=sampling,
                                               rollout_id="client-carry") as rollout:
-                deadline = time.monotonic() + 120
-                while (await asyncio.to_thread(admin_status, tiny_server))["in_flight_requests"] < 3:
-                    assert time.monotonic() < deadline, "the samples did not reach the server"
-                    await asyncio.sleep(0.02)
-                burst = 0.02  # a few steps: the update lands before any sample ends, however slow this machine is
-                while await asyncio.to_thread(_generated_tokens, tiny_server) < before + 6:
-                    assert burst < 30, "the samples did not start"
-                    await client.resume()
-                    await asyncio.sleep(burst)
-                    await client.pause("keep")
-                    await asyncio.sleep(0.05)  # the last steps' outputs reach the counter
-                    burst *= 2
+                await until(lambda: in_flight_at_least(admin, 3), "the samples to reach the server", timeout=120)
+
+                async def started() -> bool:
+                    return await counter(admin) >= before + 6
+
+                # a few steps: the update lands before any sample ends, however slow this machine is
+                await run_in_bursts(admin, started)
                 old = client.weight_versions[-1]
                 await client.update_weights(str(tiny_weights_v2), "client-carry-v2", in_flight="continue")
                 await client.resume()

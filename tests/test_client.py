@@ -17,6 +17,7 @@ from pydantic import ValidationError
 from conftest import API_KEY, TINY_SERVER_MEMORY, admin_status
 from samrollout.testing import ServerProcess, start_server
 from samrollout_client import AsyncRolloutClient, RolloutClient, RolloutFailed, Sample, Sampling
+from support.frozen_engine import rollout_in_flight, until
 
 CLIENTS = Path(__file__).resolve().parent.parent / "clients"
 
@@ -410,14 +411,14 @@ def test_abort_ends_a_running_rollout_with_partial_samples(tiny_server: ServerPr
 
 
 async def wait_in_flight(server: ServerProcess, rollout_id: str, count: int) -> None:
-    async with httpx.AsyncClient(headers={"Authorization": f"Bearer {API_KEY}"}) as http:
-        deadline = time.monotonic() + 180  # a loaded machine's API process once took over a minute to take eight
-        while time.monotonic() < deadline:
-            reply = await http.get(f"{server.url}/v1/rollouts/{rollout_id}")
-            if reply.status_code == 200 and reply.json()["in_flight"] >= count:
-                return
-            await asyncio.sleep(0.05)
-    raise AssertionError(f"{count} requests never reached the server")
+    """Until ``count`` requests of ``rollout_id`` are in flight (a loaded machine's API process once took over a
+    minute to take eight: `until`'s 180 s)."""
+    async with httpx.AsyncClient(base_url=server.url, headers={"Authorization": f"Bearer {API_KEY}"}) as http:
+
+        async def arrived() -> bool:
+            return await rollout_in_flight(http, rollout_id) >= count
+
+        await until(arrived, f"{count} requests of {rollout_id} to reach the server")
 
 
 def test_weight_update_is_visible_in_the_returned_version(tiny_server: ServerProcess, second_server: ServerProcess,

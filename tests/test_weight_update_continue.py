@@ -32,7 +32,16 @@ import pytest
 
 from conftest import API_KEY, admin_status
 from samrollout.testing import ServerProcess
-from support.frozen_engine import GENERATED, freeze, in_flight_at_least, run_in_bursts, until
+from support.frozen_engine import (
+    GENERATED,
+    counter,
+    freeze,
+    in_flight_at_least,
+    rollout_in_flight,
+    run_in_bursts,
+    until,
+)
+from support.weight_swap import WeightSwapper, swapping_weights
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 LENGTH = 440  # tokens of each probe: prompt (chat: its template too) + LENGTH within the 512-token context
@@ -63,31 +72,11 @@ def wait_until_idle(server: ServerProcess, timeout: float = 120.0) -> None:
     raise AssertionError(f"the server is still busy after {timeout} s")
 
 
-class Weights:
-    """The tiny model's two weight sets and which one is served (tests swap between them)."""
-
-    def __init__(self, original: Path, other: Path) -> None:
-        self.original, self.other, self.loaded = original, other, original
-        self.count = 0
-
-    def next_dir(self) -> Path:
-        return self.other if self.loaded == self.original else self.original
-
-    def new_version(self, name: str) -> str:
-        self.count += 1
-        return f"continue-{name}-{self.count}"
-
-
 @pytest.fixture(scope="module")
-def weights(tiny_server: ServerProcess, tiny_dir: Path, tiny_weights_v2: Path) -> Iterator[Weights]:
+def weights(tiny_server: ServerProcess, tiny_dir: Path, tiny_weights_v2: Path) -> Iterator[WeightSwapper]:
     """The weight swapper; the original weights (under the version served before) are back at the end."""
-    start_version = admin_status(tiny_server)["weight_version"]
-    swapper = Weights(tiny_dir, tiny_weights_v2)
-    yield swapper
-    if swapper.loaded != tiny_dir:
-        reply = httpx.post(f"{tiny_server.url}/admin/update_weights", headers=AUTH, timeout=300,
-                           json={"path": str(tiny_dir), "version": start_version, "in_flight": "wait"})
-        assert reply.status_code == 200, reply.text
+    with swapping_weights(tiny_server, "continue", tiny_dir, tiny_weights_v2) as swapper:
+        yield swapper
 
 
 @pytest.fixture(autouse=True)
@@ -97,7 +86,7 @@ def serving_after(tiny_server: ServerProcess) -> Iterator[None]:
     assert httpx.post(f"{tiny_server.url}/admin/resume", headers=AUTH, timeout=60).status_code == 200
 
 
-async def update(client: httpx.AsyncClient, weights: Weights, version: str) -> dict[str, Any]:
+async def update(client: httpx.AsyncClient, weights: WeightSwapper, version: str) -> dict[str, Any]:
     """``POST /admin/update_weights`` with ``continue``, loading the weights not served now."""
     folder = weights.next_dir()
     reply = await client.post("/admin/update_weights",
@@ -111,11 +100,6 @@ async def update(client: httpx.AsyncClient, weights: Weights, version: str) -> d
 def client_for(server: ServerProcess) -> httpx.AsyncClient:
     return httpx.AsyncClient(base_url=server.url, headers=AUTH, timeout=600,
                              limits=httpx.Limits(max_connections=64, max_keepalive_connections=64))
-
-
-async def in_flight(client: httpx.AsyncClient, rollout: str) -> int:
-    reply = await client.get(f"/v1/rollouts/{rollout}")
-    return int(reply.json()["in_flight"]) if reply.status_code == 200 else 0
 
 
 # --- requests and what came back ---
@@ -250,8 +234,7 @@ PROBES = {  # each runs alone, so that it is computed as its references are (see
 }
 
 
-async def frozen_mid_generation(client: httpx.AsyncClient, server: ServerProcess,
-                                body: dict[str, Any]) -> asyncio.Task[Reply]:
+async def frozen_mid_generation(client: httpx.AsyncClient, body: dict[str, Any]) -> asyncio.Task[Reply]:
     """Start ``body`` on a frozen engine and let it run in short bursts until every choice has a token; frozen after.
 
     The engine is frozen (``/admin/pause`` "keep") before the request is sent, so the request
@@ -264,13 +247,13 @@ async def frozen_mid_generation(client: httpx.AsyncClient, server: ServerProcess
     with them token for token; pausing between steps does not change what a step computes.
     """
     n = int(body.get("n", 1))
-    generated = metric(server, GENERATED)
+    generated = await counter(client)
     await freeze(client)
     reply = asyncio.create_task(_streamed(client, body) if body.get("stream") else _posted(client, body))
     await until(lambda: in_flight_at_least(client, 1), "the request to arrive")
 
     async def every_choice_generated() -> bool:
-        return await asyncio.to_thread(metric, server, GENERATED) >= generated + n
+        return await counter(client) >= generated + n
 
     await run_in_bursts(client, every_choice_generated)
     return reply
@@ -292,7 +275,7 @@ def fresh_body(body: dict[str, Any], prompt_ids: list[int], max_tokens: int) -> 
 
 @pytest.mark.parametrize("kind", list(PROBES))
 def test_continue_keeps_every_token_and_labels_each_with_the_weights_that_sampled_it(
-        tiny_server: ServerProcess, weights: Weights, kind: str) -> None:
+        tiny_server: ServerProcess, weights: WeightSwapper, kind: str) -> None:
     wait_until_idle(tiny_server)
     body = PROBES[kind]
     n = int(body.get("n", 1))
@@ -302,7 +285,7 @@ def test_continue_keeps_every_token_and_labels_each_with_the_weights_that_sample
     async def scenario() -> tuple[Reply, Reply, dict[str, Any], dict[int, Reply]]:
         async with client_for(tiny_server) as client:
             reference = parse_body(await post(client, {**body, "stream": False}))  # the old weights, alone
-            running = await frozen_mid_generation(client, tiny_server, body)
+            running = await frozen_mid_generation(client, body)
             updated = await update(client, weights, new)
             reply = await running
             fresh: dict[int, Reply] = {}  # the new weights, alone, from the prompt + the tokens before the update
@@ -339,7 +322,7 @@ def test_continue_keeps_every_token_and_labels_each_with_the_weights_that_sample
 
 
 def test_a_request_that_arrives_while_a_continue_update_holds_the_engine_runs_on_the_new_weights(
-        tiny_server: ServerProcess, weights: Weights) -> None:
+        tiny_server: ServerProcess, weights: WeightSwapper) -> None:
     wait_until_idle(tiny_server)
     new = weights.new_version("late")
     body = completion(prompt(4), 40, seed=9, **TOP1)
@@ -360,7 +343,7 @@ def test_a_request_that_arrives_while_a_continue_update_holds_the_engine_runs_on
 
 
 def test_a_stream_whose_client_hangs_up_while_frozen_for_an_update_is_aborted_once_and_not_continued(
-        tiny_server: ServerProcess, weights: Weights) -> None:
+        tiny_server: ServerProcess, weights: WeightSwapper) -> None:
     wait_until_idle(tiny_server)
     new = weights.new_version("hang-up")
     body = completion(prompt(11), 480, rollout_id="continue-hung-up", seed=7, **TOP1)
@@ -395,7 +378,7 @@ def test_a_stream_whose_client_hangs_up_while_frozen_for_an_update_is_aborted_on
 
 
 def test_a_stream_whose_client_hangs_up_as_a_continue_update_runs_is_aborted_once_wherever_it_lands(
-        tiny_server: ServerProcess, weights: Weights) -> None:
+        tiny_server: ServerProcess, weights: WeightSwapper) -> None:
     # The hang-up races the update: before its pause, while its requests wait preempted, or after the resume.
     # Wherever it lands, the request ends aborted (never run to its length) and is counted once.
     wait_until_idle(tiny_server)
@@ -423,4 +406,4 @@ def test_a_stream_whose_client_hangs_up_as_a_continue_update_runs_is_aborted_onc
 
 
 async def _none_in_flight(client: httpx.AsyncClient, rollout: str) -> bool:
-    return await in_flight(client, rollout) == 0
+    return await rollout_in_flight(client, rollout) == 0

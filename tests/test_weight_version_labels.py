@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,40 +14,18 @@ import pytest
 
 from conftest import API_KEY, admin_status
 from samrollout.testing import ServerProcess
-from support.frozen_engine import counter, frozen, run_in_bursts, until
+from support.frozen_engine import counter, frozen, rollout_in_flight, run_in_bursts, until
+from support.weight_swap import WeightSwapper, swapping_weights
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 LONG = 400  # tokens of the requests kept running across an update (prompt + LONG within the 512 context)
 
 
-class Weights:
-    """The two weight sets of the tiny model and which one the server has loaded (tests swap between them)."""
-
-    def __init__(self, server: ServerProcess, original: Path, other: Path) -> None:
-        self.server, self.original, self.other = server, original, other
-        self.loaded = original
-        self.count = 0
-
-    def next_dir(self) -> Path:
-        """The weights an update should load: the ones not served now."""
-        return self.other if self.loaded == self.original else self.original
-
-    def new_version(self, name: str) -> str:
-        """A version name not used before in this session."""
-        self.count += 1
-        return f"labels-{name}-{self.count}"
-
-
 @pytest.fixture(scope="module")
-def weights(tiny_server: ServerProcess, tiny_dir: Path, tiny_weights_v2: Path) -> Iterator[Weights]:
+def weights(tiny_server: ServerProcess, tiny_dir: Path, tiny_weights_v2: Path) -> Iterator[WeightSwapper]:
     """The weight swapper; the original weights (under the version served before) are back at the end."""
-    start_version = admin_status(tiny_server)["weight_version"]
-    swapper = Weights(tiny_server, tiny_dir, tiny_weights_v2)
-    yield swapper
-    if swapper.loaded != tiny_dir:
-        reply = httpx.post(f"{tiny_server.url}/admin/update_weights", headers=AUTH, timeout=300,
-                           json={"path": str(tiny_dir), "version": start_version, "in_flight": "wait"})
-        assert reply.status_code == 200, reply.text
+    with swapping_weights(tiny_server, "labels", tiny_dir, tiny_weights_v2) as swapper:
+        yield swapper
 
 
 def body(prompt: str, max_tokens: int, **extra: Any) -> dict[str, Any]:
@@ -81,7 +58,7 @@ async def stream(client: httpx.AsyncClient, request: dict[str, Any], route: str 
     return chunks
 
 
-async def update(client: httpx.AsyncClient, weights: Weights, version: str, in_flight: str) -> httpx.Response:
+async def update(client: httpx.AsyncClient, weights: WeightSwapper, version: str, in_flight: str) -> httpx.Response:
     """``POST /admin/update_weights`` loading the weights not served now; remembers them once loaded."""
     folder = weights.next_dir()
     reply = await client.post("/admin/update_weights",
@@ -112,13 +89,11 @@ def client_for(server: ServerProcess) -> httpx.AsyncClient:
 async def running_requests(client: httpx.AsyncClient, rollout: str, count: int) -> None:
     """Wait until ``count`` requests of ``rollout`` are in flight (the API process of a loaded 2-core
     machine once took more than a minute to take eight)."""
-    deadline = time.monotonic() + 180
-    while True:
-        reply = await client.get(f"/v1/rollouts/{rollout}")
-        if reply.status_code == 200 and reply.json()["in_flight"] >= count:
-            return
-        assert time.monotonic() < deadline, f"the requests of {rollout} never reached the server"
-        await asyncio.sleep(0.05)
+
+    async def arrived() -> bool:
+        return await rollout_in_flight(client, rollout) >= count
+
+    await until(arrived, f"the requests of {rollout} to reach the server")
 
 
 async def started_frozen(client: httpx.AsyncClient, rollout: str, count: int, generated: float) -> None:
@@ -135,7 +110,7 @@ async def started_frozen(client: httpx.AsyncClient, rollout: str, count: int, ge
     await run_in_bursts(client, generating)
 
 
-async def wait_update_holding(client: httpx.AsyncClient, weights: Weights,
+async def wait_update_holding(client: httpx.AsyncClient, weights: WeightSwapper,
                               version: str) -> asyncio.Task[httpx.Response]:
     """Start a "wait" update on the frozen engine; return once its pause holds new requests.
 
@@ -154,7 +129,7 @@ async def wait_update_holding(client: httpx.AsyncClient, weights: Weights,
 
 
 def test_a_request_sent_during_a_wait_update_says_the_new_version_streamed_or_not(
-        tiny_server: ServerProcess, weights: Weights) -> None:
+        tiny_server: ServerProcess, weights: WeightSwapper) -> None:
     # The reported bug: the stream said the previous version although the new weights produced it.
     old, new = admin_status(tiny_server)["weight_version"], weights.new_version("repro")
     probe = body("the probe prompt", 24)
@@ -183,7 +158,7 @@ def test_a_request_sent_during_a_wait_update_says_the_new_version_streamed_or_no
 
 
 def test_a_slow_stream_read_after_a_wait_update_keeps_the_old_version_in_every_chunk(
-        tiny_server: ServerProcess, weights: Weights) -> None:
+        tiny_server: ServerProcess, weights: WeightSwapper) -> None:
     old, new = admin_status(tiny_server)["weight_version"], weights.new_version("slow")
     request = body("a stream that straddles the update", 200)
     expected = httpx.post(f"{tiny_server.url}/v1/completions", json=request, headers=AUTH, timeout=120).json()
@@ -205,7 +180,7 @@ def test_a_slow_stream_read_after_a_wait_update_keeps_the_old_version_in_every_c
 
 
 def test_requests_aborted_by_an_abort_update_carry_the_old_version(
-        tiny_server: ServerProcess, weights: Weights) -> None:
+        tiny_server: ServerProcess, weights: WeightSwapper) -> None:
     old, new = admin_status(tiny_server)["weight_version"], weights.new_version("abort")
 
     async def scenario() -> tuple[list[dict[str, Any]], list[dict[str, Any]], httpx.Response, dict[str, Any]]:
@@ -232,7 +207,7 @@ def test_requests_aborted_by_an_abort_update_carry_the_old_version(
 
 
 def test_every_choice_of_n_above_one_is_labelled_old_in_flight_and_new_when_queued_across_the_update(
-        tiny_server: ServerProcess, weights: Weights) -> None:
+        tiny_server: ServerProcess, weights: WeightSwapper) -> None:
     old, new = admin_status(tiny_server)["weight_version"], weights.new_version("n")
     chat = {"model": "tiny", "messages": [{"role": "user", "content": "queued chat"}], "max_tokens": 12,
             "ignore_eos": True, "temperature": 1.0, "seed": 3, "n": 3, "rollout_id": "queued-n"}
@@ -269,7 +244,7 @@ def test_every_choice_of_n_above_one_is_labelled_old_in_flight_and_new_when_queu
 
 
 def test_a_refused_update_leaves_every_label_at_the_serving_version(
-        tiny_server: ServerProcess, weights: Weights, tmp_path: Path) -> None:
+        tiny_server: ServerProcess, weights: WeightSwapper, tmp_path: Path) -> None:
     current = admin_status(tiny_server)["weight_version"]
 
     async def scenario() -> tuple[dict[str, Any], list[dict[str, Any]], httpx.Response, dict[str, Any]]:

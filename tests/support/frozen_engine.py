@@ -40,6 +40,12 @@ async def in_flight_at_least(client: httpx.AsyncClient, count: int) -> bool:
     return int(status["in_flight_requests"]) >= count
 
 
+async def rollout_in_flight(client: httpx.AsyncClient, rollout: str) -> int:
+    """How many sequences of ``rollout`` are in flight (0 before the server has seen it)."""
+    reply = await client.get(f"/v1/rollouts/{rollout}")
+    return int(reply.json()["in_flight"]) if reply.status_code == 200 else 0
+
+
 async def counter(client: httpx.AsyncClient, name: str = GENERATED) -> float:
     """The first /metrics sample named ``name`` (0 when none is exported yet)."""
     for line in (await client.get("/metrics")).text.splitlines():

@@ -1,0 +1,48 @@
+"""Swap the shared tiny server between the tiny model's two weight sets, and put it back after.
+
+Modules that test weight updates on the session's tiny server flip it between its own weights
+and a second set; other modules compare that server with others at one version, so each swapping
+module must leave it as it found it: the original weights under the version served before.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+
+from conftest import API_KEY, admin_status
+from samrollout.testing import ServerProcess
+
+
+class WeightSwapper:
+    """The two weight sets and which one the server has loaded; tests update the server with `next_dir`."""
+
+    def __init__(self, prefix: str, original: Path, other: Path) -> None:
+        self.prefix, self.original, self.other = prefix, original, other
+        self.loaded = original
+        self.count = 0
+
+    def next_dir(self) -> Path:
+        """The weights an update should load: the ones not served now (set `loaded` once it succeeds)."""
+        return self.other if self.loaded == self.original else self.original
+
+    def new_version(self, name: str) -> str:
+        """A version name not used before in this session."""
+        self.count += 1
+        return f"{self.prefix}-{name}-{self.count}"
+
+
+@contextlib.contextmanager
+def swapping_weights(server: ServerProcess, prefix: str, original: Path, other: Path) -> Iterator[WeightSwapper]:
+    """A `WeightSwapper` for ``server``; after, the original weights are back under the version served before
+    (reloaded whenever either differs: an even number of swaps leaves the weights but not the version)."""
+    start_version = admin_status(server)["weight_version"]
+    swapper = WeightSwapper(prefix, original, other)
+    yield swapper
+    if swapper.loaded != original or admin_status(server)["weight_version"] != start_version:
+        reply = httpx.post(f"{server.url}/admin/update_weights", headers={"Authorization": f"Bearer {API_KEY}"},
+                           timeout=300, json={"path": str(original), "version": start_version, "in_flight": "wait"})
+        assert reply.status_code == 200, reply.text
