@@ -28,6 +28,12 @@ Modes (servers started once, then every round runs every mode in a rotated order
   client does (`samrollout_client.placement`): alternately (least outstanding, all groups
   start at once) or longest predicted first onto the least loaded, predicted from the
   client's history of earlier rounds;
+- ``2x-affine``: the client's default placement (history-affine: rendezvous hashing of the prompt
+  with bounded loads, the step's groups placed as one batch, `samrollout_client.placement.plan_affine`),
+  on a pair of servers of its own, so that what their histories hold is its own doing.  Every
+  paired mode's rounds record the pair's history hits (groups whose prompt had earlier responses
+  in the server's history, ``samrollout_drafter_history_hit_groups_total`` over
+  ``..._groups_total``): with ``--modes 2x-least-outstanding,2x-affine`` each pair is one mode's;
 - ``2x-divided``: predicted-work placement plus divided rollout (the client's
   ``divide_after_tokens``, ``--divide-after-tokens``): a response whose current piece has that
   many tokens moves to the other server when the client's rule finds room for it there
@@ -87,7 +93,10 @@ SINGLE = ("fcfs", "length-aware", "fcfs+sam", "length-aware+sam")
 # vLLM's own priority scheduling, as a trainer could drive it: every request goes to the engine at once with
 # a priority from the client's history (longest remembered group first; unknown: 0), SAM off.
 PRIORITY = ("vllm-priority",)
-PAIRED = ("2x-least-outstanding", "2x-predicted-work", "2x-divided")
+PAIRED = ("2x-least-outstanding", "2x-predicted-work", "2x-divided", "2x-affine")
+# Modes on a pair of their own: history-affine placement is measured by what each server's history holds, which
+# another placement's rounds on the same pair would fill.
+OWN_PAIR = ("2x-affine",)
 # Every mode's server stays up for the whole run (rounds are interleaved).  With no swap, a machine whose
 # available memory runs this low evicts code pages instead and crawls: a run of all modes with
 # --gpu-memory-utilization 0.1 each left 0.5 GiB of 24 GiB and a worker spent 23 minutes on one step.  Below it
@@ -348,6 +357,17 @@ def preemptions(url: str) -> float:
     return 0.0
 
 
+def history_counts(url: str) -> tuple[float, float]:
+    """The server's (groups, history-hit groups) counted so far (cross-epoch history, `/metrics`)."""
+    text = httpx.get(f"{url}/metrics", timeout=10.0).text
+
+    def value(name: str) -> float:
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith(name) and not line.startswith(f"{name}_created"))
+
+    return value("samrollout_drafter_history_groups_total"), value("samrollout_drafter_history_hit_groups_total")
+
+
 def split_cores(parts: int) -> list[list[int]]:
     """This process's usable cores in ``parts`` equal, disjoint shares (every core used when they divide evenly)."""
     cores = sorted(os.sched_getaffinity(0))
@@ -472,14 +492,18 @@ def start_servers(args: argparse.Namespace, modes: list[str], memory: MemoryWatc
             continue
         print(f"started {mode} ({memory.available():.1f} GiB of memory left)", flush=True)
         require_memory(memory, mode)
-    if any(m in PAIRED for m in modes):
+    shared = [m for m in modes if m in PAIRED and m not in OWN_PAIR]
+    for name, users in [("pair", shared), *[(m, [m]) for m in modes if m in OWN_PAIR]]:
+        if not users:
+            continue
         pair = [pinned_server(server_args(args.model, "length-aware", True, args.max_num_seqs // 2,
-                                          args.kv_cache_gib, args.kv_blocks), args.logs / f"pair-{i}.log", cores)
+                                          args.kv_cache_gib, args.kv_blocks), args.logs / f"{name}-{i}.log", cores)
                 for i, cores in enumerate(split_cores(2))]
-        for mode in PAIRED:
+        for mode in users:
             servers[mode] = pair
-        print(f"started the 2-server pair ({memory.available():.1f} GiB of memory left)", flush=True)
-        require_memory(memory, "the 2-server pair")
+        print(f"started the 2-server pair of {', '.join(users)} ({memory.available():.1f} GiB of memory left)",
+              flush=True)
+        require_memory(memory, f"the 2-server pair of {', '.join(users)}")
     bound_mode = "fcfs" if "fcfs" in servers else "bound"
     if bound_mode == "bound":
         servers[bound_mode] = [start_server(server_args(args.model, "fcfs", False, args.max_num_seqs,
@@ -488,13 +512,23 @@ def start_servers(args: argparse.Namespace, modes: list[str], memory: MemoryWatc
     return bound_mode
 
 
-def placement_of(mode: str, history: Any, groups: int, group_size: int) -> list[int]:
+def placement_of(mode: str, history: Any, groups: int, group_size: int, step: list[Response] | None = None,
+                 urls: list[str] | None = None) -> list[int]:
     """Each group's server (index into the mode's servers) as the client places it under ``mode``.
 
-    ``history`` is the client's `LengthHistory` of earlier rounds (predicted-work placement reads it).
+    ``history`` is the client's `LengthHistory` of earlier rounds (predicted-work placement reads it);
+    ``step`` (the round's arrival order) and ``urls`` are what affine placement hashes and places in.
     """
-    from samrollout_client.placement import place_by_predicted_work
+    from samrollout_client.placement import place_by_predicted_work, plan_affine
+    from samrollout_client.prompt_identity import prompt_id
 
+    if mode == "2x-affine":
+        assert step is not None and urls is not None
+        first = {r.group: r.prompt for r in reversed(step)}  # a group is known by its first sibling's prompt
+        order = list(dict.fromkeys(r.group for r in step))
+        chosen = plan_affine([prompt_id(first[g]) for g in order], urls, [0] * len(urls), [group_size] * len(order))
+        by_group = dict(zip(order, chosen, strict=True))
+        return [by_group[g] for g in range(groups)]
     if mode in ("2x-predicted-work", "2x-divided"):
         predicted = [history.predict(str(g)) for g in range(groups)]
         placement: list[int] = place_by_predicted_work([None if p is None else p * group_size for p in predicted], 2)
@@ -508,9 +542,10 @@ def run_mode_round(args: argparse.Namespace, planned: Plan, mode: str, urls: lis
                    round_index: int, history: Any, memory: MemoryWatch) -> dict[str, Any]:
     """One round of one mode: ``step`` (the round's arrival order) rolled out on its servers; the round's record,
     printed."""
-    placement = placement_of(mode, history, planned.groups, args.group_size)
+    placement = placement_of(mode, history, planned.groups, args.group_size, step, urls)
     rollout = f"r{round_index}-{mode}"
     preempted_before = sum(preemptions(url) for url in urls)
+    hits_before = [history_counts(url) for url in urls]
     memory.reset()
     if mode == "2x-divided":
         result = asyncio.run(run_divided_rollout(urls, placement, step, rollout, args.max_len + 16,
@@ -527,15 +562,20 @@ def run_mode_round(args: argparse.Namespace, planned: Plan, mode: str, urls: lis
               "mean_queue_s": statistics.fmean(t["first"] for t in times),
               "p90_queue_s": sorted(t["first"] for t in times)[int(0.9 * len(times))]}
     record["preemptions"] = sum(preemptions(url) for url in urls) - preempted_before
+    counted = [tuple(a - b for a, b in zip(history_counts(url), before, strict=True))
+               for url, before in zip(urls, hits_before, strict=True)]
+    record["history_groups"] = sum(c[0] for c in counted)
+    record["history_hit_groups"] = sum(c[1] for c in counted)
     record["lowest_available_memory_gib"] = round(memory.lowest_since_reset(), 2)
     if "moves" in result:
         record["moves"] = result["moves"]
     moves = f"  moves {record['moves']}" if "moves" in record else ""
     low = record["lowest_available_memory_gib"]
     short = "  MEMORY SHORT: this round is not a fair measurement" if low < MEMORY_FLOOR_GIB else ""
+    hits = f"  history hits {record['history_hit_groups']:.0f}/{record['history_groups']:.0f}"
     print(f"round {round_index} {mode:22s} makespan {record['makespan_s']:7.2f} s  tail "
           f"{record['tail_s']:6.2f} s  mean queue {record['mean_queue_s']:6.2f} s  preemptions "
-          f"{record['preemptions']:.0f}{moves}  memory left >= {low:.1f} GiB{short}", flush=True)
+          f"{record['preemptions']:.0f}{moves}{hits}  memory left >= {low:.1f} GiB{short}", flush=True)
     return record
 
 
@@ -597,18 +637,21 @@ def report(args: argparse.Namespace, planned: Plan, measured: Measurements) -> N
                       "mean_queue_s": statistics.median(r["mean_queue_s"] for r in rs),
                       "preemptions": sum(r["preemptions"] for r in rs),
                       "lowest_available_memory_gib": min(r["lowest_available_memory_gib"] for r in rs),
+                      "warm_history_hit_rate": (sum(r["history_hit_groups"] for r in rs[1:])
+                                                / max(1, sum(r["history_groups"] for r in rs[1:]))),
                       "rounds": rs} for mode, rs in measured.rounds.items()}
     print(f"\nlower bound {bound:.2f} s: the larger of the longest response alone ({rates['longest_alone_s']:.2f} s) "
           f"and the lower of the packed workload ({rates['packed_makespan_s']:.2f} s, median of {packed_rounds}) "
           f"and its extrapolation from one full batch ({rates['total_over_slots_s']:.2f} s)")
     print(f"{'mode':22s} {'makespan s':>10s} {'cold':>7s} {'warm':>7s} {'tail s':>7s} {'queue s':>8s} "
-          f"{'/fcfs':>6s} {'/bound':>7s} {'preempted':>9s}")
+          f"{'/fcfs':>6s} {'/bound':>7s} {'preempted':>9s} {'warm hits':>9s}")
     base = summary.get("fcfs", {}).get("makespan_s")
     for mode, s in summary.items():
         warm = f"{s['warm_makespan_s']:7.2f}" if s["warm_makespan_s"] is not None else "      -"
         ratio = f"{s['makespan_s'] / base:6.2f}" if base else "     -"
         print(f"{mode:22s} {s['makespan_s']:10.2f} {s['cold_makespan_s']:7.2f} {warm} {s['tail_s']:7.2f} "
-              f"{s['mean_queue_s']:8.2f} {ratio} {s['makespan_s'] / bound:7.2f} {s['preemptions']:9.0f}")
+              f"{s['mean_queue_s']:8.2f} {ratio} {s['makespan_s'] / bound:7.2f} {s['preemptions']:9.0f} "
+              f"{s['warm_history_hit_rate']:9.0%}")
     lengths = [r.length for r in workload]
     out = {"command": " ".join(sys.argv), "workload": {
         "traces": [str(p.name) for p in args.traces], "groups": planned.groups, "group_size": args.group_size,

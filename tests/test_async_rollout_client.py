@@ -361,6 +361,26 @@ def test_closing_cancels_what_is_in_flight() -> None:
     asyncio.run(run())
 
 
+def test_a_partial_rollout_counts_its_groups_load_from_launch_and_uncounts_it_however_they_end() -> None:
+    """Placement sees a group's samples on its endpoint as soon as the group starts (the next group placed in
+    the same breath sees them), and nothing stays counted once the samples ended, ran or not."""
+    async def run() -> list[int]:
+        server = FakeServer()
+        async with fake_client(server) as client:
+            endpoint = client.pool.endpoints[0]
+            rollout = client.partial_rollout(prompts("1000", "1000"), group_size=2, batch_groups=1)
+            await rollout.start()  # both groups launched; no sample has run yet
+            launched = endpoint.outstanding
+            await rollout.aclose()  # cancelled before they ran
+            closed = endpoint.outstanding
+            async with client.partial_rollout(prompts("3", "3", "3"), group_size=2, batch_groups=1) as finished:
+                async for _ in finished:
+                    pass
+            return [launched, closed, endpoint.outstanding]
+
+    assert asyncio.run(run()) == [4, 0, 0]
+
+
 def test_bad_arguments_are_refused() -> None:
     client = AsyncRolloutClient(URL, model="fake")
     with pytest.raises(ValueError, match="max_concurrent_groups"):

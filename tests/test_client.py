@@ -15,8 +15,10 @@ import pytest
 from pydantic import ValidationError
 
 from conftest import API_KEY, TINY_SERVER_MEMORY, admin_status
-from samrollout.testing import ServerProcess, start_server
-from samrollout_client import AsyncRolloutClient, RolloutClient, RolloutFailed, Sample, Sampling
+from samrollout.testing import ServerProcess, free_port, start_server
+from samrollout_client import AsyncRolloutClient, GroupResult, RolloutClient, RolloutFailed, Sample, Sampling
+from samrollout_client.placement import rendezvous_ranking
+from samrollout_client.prompt_identity import prompt_id
 from support.frozen_engine import rollout_in_flight, until
 
 CLIENTS = Path(__file__).resolve().parent.parent / "clients"
@@ -86,6 +88,128 @@ def test_groups_spread_over_two_endpoints_with_siblings_together(tiny_server: Se
     endpoints = asyncio.run(run())
     assert all(len(e) == 1 for e in endpoints)  # a group's siblings share one server
     assert set().union(*endpoints) == {tiny_server.url, second_server.url}
+
+
+def home_of(group: GroupResult) -> str:
+    """The one endpoint all of a group's samples ran on."""
+    endpoints = {s.endpoint for s in group.samples}
+    assert len(endpoints) == 1, f"group {group.index} was split over {endpoints}"
+    return endpoints.pop()
+
+
+AFFINE_PROMPTS: list[str | list[int]] = [*(f"affine {i}: name a prime above {10 * i}" for i in range(8)),
+                                         [1, 2, 3], [4, 5, 6, 7]]
+SHORT = Sampling(max_tokens=8, temperature=0)
+
+
+def test_affine_placement_keeps_each_prompt_on_one_server_every_step_and_for_a_new_client(
+        tiny_server: ServerProcess, second_server: ServerProcess) -> None:
+    """What lets each server find a prompt's earlier responses in its own history: the same server every step."""
+    urls = [tiny_server.url, second_server.url]
+
+    async def homes(client: AsyncRolloutClient, rollout_id: str) -> list[str]:
+        groups = await client.generate(AFFINE_PROMPTS, n=2, sampling=SHORT, rollout_id=rollout_id)
+        return [home_of(g) for g in groups]
+
+    async def run() -> list[list[str]]:
+        async with AsyncRolloutClient(urls, model="tiny", api_key=API_KEY, max_in_flight=32) as client:
+            assert client.placement == "affine"  # the default
+            steps = [await homes(client, "affine-1"), await homes(client, "affine-2")]
+        async with AsyncRolloutClient(urls, model="tiny", api_key=API_KEY, max_in_flight=32) as fresh:
+            steps.append(await homes(fresh, "affine-3"))
+        return steps
+
+    first, second, fresh = asyncio.run(run())
+    assert first == second == fresh
+    assert set(first) == set(urls)  # the load bound spreads the groups
+
+
+def test_a_partial_rollout_runs_each_group_on_its_prompts_server(tiny_server: ServerProcess,
+                                                                 second_server: ServerProcess) -> None:
+    """One group at a time: nothing else loads the servers, so each goes to its prompt's first choice."""
+    urls = [tiny_server.url, second_server.url]
+
+    async def run() -> dict[int, str]:
+        found: dict[int, str] = {}
+        async with AsyncRolloutClient(urls, model="tiny", api_key=API_KEY) as client, \
+                client.partial_rollout(AFFINE_PROMPTS, group_size=2, batch_groups=1, max_concurrent_groups=1,
+                                       sampling=SHORT) as rollout:
+            async for batch in rollout:
+                found.update((g.index, home_of(g)) for g in batch)
+        return found
+
+    found = asyncio.run(run())
+    assert found == {i: urls[rendezvous_ranking(prompt_id(p), urls)[0]] for i, p in enumerate(AFFINE_PROMPTS)}
+
+
+class Relay:
+    """A TCP relay on a fixed port to a real server: `close` refuses connections there and cuts those open (the
+    server as the client sees it going down), `open` accepts them again (back up)."""
+
+    def __init__(self, upstream: str) -> None:
+        host, port = upstream.removeprefix("http://").split(":")
+        self.upstream = (host, int(port))
+        self.url = f"http://127.0.0.1:{free_port()}"
+        self._server: asyncio.Server | None = None
+        self._connections: set[asyncio.Task[None]] = set()
+
+    async def open(self) -> None:
+        self._server = await asyncio.start_server(self._connection, "127.0.0.1", int(self.url.rsplit(":", 1)[1]))
+
+    async def close(self) -> None:
+        assert self._server is not None
+        self._server.close()
+        for task in list(self._connections):
+            task.cancel()
+        await asyncio.gather(*self._connections, return_exceptions=True)
+
+    async def _connection(self, client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._connections.add(task)
+        writers = [client_writer]
+        try:
+            upstream_reader, upstream_writer = await asyncio.open_connection(*self.upstream)
+            writers.append(upstream_writer)
+            pipes = [asyncio.create_task(HangUpProxy._pipe(client_reader, upstream_writer)),
+                     asyncio.create_task(HangUpProxy._pipe(upstream_reader, client_writer))]
+            try:
+                await asyncio.wait(pipes, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for pipe in pipes:
+                    pipe.cancel()
+                await asyncio.gather(*pipes, return_exceptions=True)
+        finally:
+            for writer in writers:
+                writer.close()
+            self._connections.discard(task)
+
+
+def test_a_down_servers_prompts_go_to_the_next_server_and_come_back_after_it_recovers(
+        tiny_server: ServerProcess, second_server: ServerProcess) -> None:
+    async def run() -> tuple[list[str], list[GroupResult], list[str], str]:
+        relay = Relay(second_server.url)
+        await relay.open()
+        async with AsyncRolloutClient([tiny_server.url, relay.url], model="tiny", api_key=API_KEY, max_in_flight=32,
+                                      backoff_s=0.05) as client:
+            up = [home_of(g) for g in await client.generate(AFFINE_PROMPTS, n=2, sampling=SHORT)]
+            await relay.close()
+            down = await client.generate(AFFINE_PROMPTS, n=2, sampling=SHORT)
+            await relay.open()
+            relayed = client.pool.by_url(relay.url)
+            while relayed.down_until > time.monotonic():
+                await asyncio.sleep(0.05)
+            await client.generate(["a probe finds the server back"], n=1, sampling=SHORT)
+            back = [home_of(g) for g in await client.generate(AFFINE_PROMPTS, n=2, sampling=SHORT)]
+            await relay.close()
+        return up, down, back, relay.url
+
+    up, down, back, relay = asyncio.run(run())
+    assert relay in up and tiny_server.url in up
+    for home, group in zip(up, down, strict=True):
+        assert home_of(group) == tiny_server.url and all(len(s.token_ids) == 8 for s in group.samples)
+        assert all(s.attempts == (2 if home == relay else 1) for s in group.samples)  # failed over, or untouched
+    assert back == up
 
 
 def test_predicted_work_placement_balances_the_remembered_lengths_over_two_endpoints(
@@ -176,12 +300,16 @@ async def alone(urls: list[str], prompt: str | list[int], n: int, sampling: Samp
 
 def test_a_greedy_sample_moved_mid_response_equals_the_unmoved_sample(tiny_server: ServerProcess,
                                                                      second_server: ServerProcess) -> None:
-    """Two siblings start on the first server (2 outstanding against 0): one moves once, and both are the same."""
+    """Two siblings start on the first server (2 outstanding against 0): one moves once, and both are the same.
+
+    ``least-outstanding`` placement, so that the group starts on the first server whatever the servers' ports
+    (affine placement would pick by a hash of the URLs)."""
     urls = [tiny_server.url, second_server.url]
 
     async def run() -> tuple[list[Sample], list[Sample]]:
         reference = await alone(urls, DIVIDED_PROMPT, 1, long_greedy())
-        async with AsyncRolloutClient(urls, model="tiny", api_key=API_KEY, divide_after_tokens=16) as client:
+        async with AsyncRolloutClient(urls, model="tiny", api_key=API_KEY, divide_after_tokens=16,
+                                      placement="least-outstanding") as client:
             groups = await client.generate([DIVIDED_PROMPT], n=2, sampling=long_greedy(), rollout_id="divided-greedy")
             assert [(e.outstanding, e.streaming) for e in client.pool.endpoints] == [(0, 0), (0, 0)]
         return reference, groups[0].samples
@@ -232,13 +360,14 @@ def test_a_moved_seeded_sample_is_whole_and_keeps_its_first_piece(tiny_server: S
 
 def test_a_sample_whose_server_fails_mid_response_continues_elsewhere_from_its_tokens(
         tiny_server: ServerProcess, second_server: ServerProcess) -> None:
-    """The connection to the first server breaks after two streamed chunks: the rest comes from the second."""
+    """The connection to the first server breaks after two streamed chunks: the rest comes from the second
+    (``least-outstanding`` placement: the sample starts on the first server)."""
 
     async def run() -> tuple[list[Sample], Sample, str]:
         reference = await alone([tiny_server.url], DIVIDED_PROMPT, 1, long_greedy(logprobs=None))
         async with HangUpProxy(tiny_server.url, events=2) as proxy, AsyncRolloutClient(
                 [proxy.url, second_server.url], model="tiny", api_key=API_KEY, divide_after_tokens=10_000,
-                backoff_s=0.1) as client:
+                backoff_s=0.1, placement="least-outstanding") as client:
             groups = await client.generate([DIVIDED_PROMPT], n=1, sampling=long_greedy(logprobs=None))
             assert proxy.hung_up
             return reference, groups[0].samples[0], proxy.url
@@ -251,12 +380,13 @@ def test_a_sample_whose_server_fails_mid_response_continues_elsewhere_from_its_t
 
 def test_a_continuation_the_target_refuses_restarts_the_sample_unmoved(tiny_server: ServerProcess,
                                                                       second_server: ServerProcess) -> None:
-    """The first server caps prompts at 480 tokens: a 470-token prompt plus 12 generated ones is refused there."""
+    """The second server caps prompts at 480 tokens: a 470-token prompt plus 12 generated ones is refused there
+    (``least-outstanding`` placement: the group starts on the first server, the one without the cap)."""
     prompt = [1000] * 470
 
     async def run() -> list[Sample]:
         async with AsyncRolloutClient([second_server.url, tiny_server.url], model="tiny", api_key=API_KEY,
-                                      divide_after_tokens=12) as client:
+                                      divide_after_tokens=12, placement="least-outstanding") as client:
             groups = await client.generate([prompt], n=2, sampling=long_greedy(max_tokens=40))
         return groups[0].samples
 

@@ -15,6 +15,7 @@ from samrollout.config import SpeculationConfig
 from samrollout.history import ResponseHistory
 from samrollout.replay.drafters import SamReplayDrafter
 from samrollout.server.settings import ServerSettings
+from samrollout.spec_decode.session import DraftSession, SessionSettings, StepRow
 from samrollout.spec_decode.stats import HistoryStats, ProposerStats
 from samrollout.testing import ServerProcess
 from samrollout_client.prompt_identity import prompt_digest
@@ -87,6 +88,33 @@ def test_equal_prompts_share_a_history_key_and_different_ones_do_not():
     # An engine's int32 row is hashed as it is: the key is BLAKE2b-128 of its bytes.
     row = np.arange(4096, dtype=np.int32)
     assert prompt_digest(row) == hashlib.blake2b(row.tobytes(), digest_size=16).digest() == prompt_digest(row.tolist())
+
+
+def test_a_group_counts_once_per_rollout_though_its_probe_ends_before_its_siblings_start() -> None:
+    """The hit counter behind samrollout_drafter_history_hit_groups_total: a group is counted when its first
+    request reaches the drafter, a hit when its prompt's earlier responses are in the history then.  Under
+    length-aware scheduling a group's probe may end before its siblings start (its automaton is freed in
+    between): with a rollout id the group is still counted once, and not as a hit of its own probe."""
+    config = SpeculationConfig()
+    session = DraftSession(config, VOCAB, SessionSettings(largest_draft=config.largest_draft(), confident_k=3))
+
+    def row(request_id: str, group: str | None, rollout: str | None) -> StepRow:
+        tokens = [*PROMPT, 7]
+        return StepRow(request_id, 1, tokens, len(tokens), len(PROMPT), group=group, rollout=rollout)
+
+    def counts() -> tuple[int, int]:
+        history = session.stats().history
+        assert history is not None
+        return history.groups, history.hit_groups
+
+    session.step([row("probe", "r0.g0", "r0")], ["probe"])
+    session.step([], [])  # the probe ended: its response is in the history, its group's automaton gone
+    session.step([row("sibling-1", "r0.g0", "r0"), row("sibling-2", "r0.g0", "r0")], ["sibling-1", "sibling-2"])
+    assert counts() == (1, 0)
+    session.step([row("next-step", "r1.g0", "r1")], ["next-step"])
+    assert counts() == (2, 1)
+    session.step([row("plain", None, None)], ["plain"])  # no group or rollout id: grouped by its prompt
+    assert counts() == (3, 2)
 
 
 def test_replay_with_history_accepts_more_than_without_on_the_same_rollout():

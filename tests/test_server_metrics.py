@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
+import uuid
 from typing import Any
 
 import httpx
@@ -143,6 +144,28 @@ def test_rollout_summary_and_histograms_follow_a_tagged_rollout(tiny_server: Ser
     assert after["samrollout_rollout_tail_share_count"] > before.get("samrollout_rollout_tail_share_count", 0)
     missing = httpx.get(f"{tiny_server.url}/v1/rollouts/never-seen", headers=AUTH, timeout=30)
     assert missing.status_code == 404
+
+
+HISTORY_GROUPS = "samrollout_drafter_history_groups_total"
+HISTORY_HITS = "samrollout_drafter_history_hit_groups_total"
+
+
+def test_a_prompt_sent_again_in_a_later_rollout_is_one_history_hit_of_two_groups(tiny_server: ServerProcess) -> None:
+    """Each group counts once, though its four siblings are four requests (as the client and veRL send them);
+    the second rollout of the prompt finds the first one's responses in the server's history."""
+    from samrollout_client import RolloutClient, Sampling
+
+    prompt = f"history hit {uuid.uuid4().hex}: count to ten"  # new to this server's history
+    settle(tiny_server)
+    before = scrape(tiny_server)
+    with RolloutClient(tiny_server.url, model="tiny", api_key=API_KEY) as client:
+        for step in range(2):
+            client.generate([prompt], n=4, sampling=Sampling(max_tokens=16, temperature=0),
+                            rollout_id=f"history-hit-{step}-{uuid.uuid4().hex[:8]}")
+    settle(tiny_server)
+    after = scrape(tiny_server)
+    assert after[HISTORY_GROUPS] - before[HISTORY_GROUPS] == 2
+    assert after[HISTORY_HITS] - before[HISTORY_HITS] == 1
 
 
 def test_http_errors_are_counted_by_status_code(tiny_server: ServerProcess) -> None:

@@ -312,5 +312,8 @@ def test_drafter_metrics_read_the_typed_stats():
     assert drafted == {source: counts.draft_tokens for source, counts in stats.sources.items()}
     histogram = families["samrollout_drafter_step_seconds"].samples
     assert [s.value for s in histogram if s.name.endswith("_count")] == [stats.steps]
+    history = {name: families[f"samrollout_drafter_history_{name}"].samples[0].value
+               for name in ("groups", "hit_groups")}
+    assert history == {"groups": 1, "hit_groups": 0}  # one request, its prompt new to the history
     collector.update(None)  # speculation off
     assert m.SPECULATION_ACTIVE._value.get() == 0 and list(collector.collect()) == []

@@ -17,6 +17,7 @@ import math
 import subprocess
 import sys
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -272,8 +273,38 @@ def test_group_sticky_router_sends_a_prompts_responses_to_one_server() -> None:
     placed = {i: {balancer.acquire_server(uuid.uuid4().hex, prompt_ids=p)[0] for _ in range(4)}
               for i, p in enumerate(prompts)}
     assert all(len(servers) == 1 for servers in placed.values())  # siblings together
-    assert {next(iter(s)) for s in placed.values()} == {"a:1", "b:1"}  # groups still spread by load
+    assert {next(iter(s)) for s in placed.values()} == {"a:1", "b:1"}  # groups still spread (the load bound)
     assert balancer.clear_sticky_cache()["cleared_entries"] == 16
+
+
+def test_the_verl_router_sends_a_prompt_to_the_same_server_every_step() -> None:
+    """veRL's real balancer class underneath: siblings follow the first response, and after veRL clears its
+    sticky caches between steps a prompt goes back to the server that holds its history."""
+    from samrollout_client.placement import AFFINE_LOAD_FACTOR
+    from samrollout_client.verl.router import GroupStickyLoadBalancer
+
+    servers = {f"10.0.0.{i}:8000": f"handle-{i}" for i in range(4)}
+    prompts = [[7, i, i + 1, 3 * i] for i in range(40)]
+
+    def step(balancer: GroupStickyLoadBalancer) -> list[str]:
+        homes = []
+        for prompt in prompts:
+            placed = {balancer.acquire_server(uuid.uuid4().hex, prompt_ids=prompt)[0] for _ in range(4)}
+            assert len(placed) == 1  # siblings together
+            homes.append(placed.pop())
+        for server_id, count in balancer.get_status()["servers"].items():
+            for _ in range(count):
+                balancer.release_server(server_id)
+        return homes
+
+    balancer = GroupStickyLoadBalancer(servers, {"max_groups": 64})
+    first = step(balancer)
+    assert balancer.clear_sticky_cache()["cleared_entries"] == len(prompts) * 4
+    assert step(balancer) == first  # the next step, after veRL cleared the caches
+    assert step(GroupStickyLoadBalancer(servers, {"max_groups": 64})) == first  # a new router process
+    assert set(first) == set(servers)
+    share = len(prompts) * 4 / len(servers)  # the first response of a group is placed within the bound, then
+    assert max(Counter(first).values()) * 4 <= math.ceil(AFFINE_LOAD_FACTOR * share) + 3  # its 3 siblings follow
 
 
 def test_verl_loads_the_group_sticky_router_from_the_example_yaml(verl_run: dict[str, Any]) -> None:

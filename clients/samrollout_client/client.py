@@ -5,9 +5,11 @@
 
 Each prompt becomes a group of ``n`` requests (one sample each) carrying one ``group_id``
 and the ``rollout_id``, sent to one endpoint so the server drafts across the siblings
-(which endpoint: ``placement``, see `samrollout_client.placement`);
-at most ``max_in_flight`` requests are outstanding.  A request that fails with a
-connection error, a timeout or a 5xx is retried on another endpoint with backoff; a 4xx
+(which endpoint: ``placement``, see `samrollout_client.placement`; by default ``affine``:
+the same endpoint for a prompt every step, within a load bound, so that its server finds
+the prompt's earlier responses); at most ``max_in_flight`` requests are outstanding.  A
+request that fails with a connection error, a timeout or a 5xx is retried on another
+endpoint with backoff (under ``affine``, the next of its prompt's ranking); a 4xx
 is not retried, except 429 (the server's queue is full): the request waits for the
 server's ``Retry-After`` (with backoff and jitter) and is sent again, up to
 ``max_busy_retries`` times, without counting as a failed attempt.  Results come back in
@@ -44,7 +46,7 @@ from samrollout_client.divided import (
     check_divisible,
     stream_piece,
 )
-from samrollout_client.endpoints import Endpoint, EndpointPool
+from samrollout_client.endpoints import Endpoint, EndpointPool, least_outstanding
 from samrollout_client.errors import (
     NoEndpointAvailable,
     RequestRejected,
@@ -53,8 +55,17 @@ from samrollout_client.errors import (
     error_message,
 )
 from samrollout_client.partial import PartialRollout
-from samrollout_client.placement import PLACEMENTS, LengthHistory, Placement, place_by_predicted_work
+from samrollout_client.placement import (
+    DEFAULT_PLACEMENT,
+    PLACEMENTS,
+    LengthHistory,
+    Placement,
+    place_affine,
+    place_by_predicted_work,
+    plan_affine,
+)
 from samrollout_client.progress import RolloutProgress
+from samrollout_client.prompt_identity import prompt_id
 from samrollout_client.report import combine_summaries
 from samrollout_client.spans import parse_spans
 from samrollout_client.types import (
@@ -92,6 +103,11 @@ MAX_BUSY_WAIT_S = 60.0  # the longest one 429 makes a request wait, whatever Ret
 class AsyncRolloutClient:
     """Rollouts against samrollout servers (use as ``async with``; see the module docstring).
 
+    ``placement``: which endpoint a prompt's group goes to (`samrollout_client.placement`):
+    ``"affine"`` (the default) keeps a prompt on one endpoint across steps, within 1.25x of its
+    share of the requests in flight, so each server sees its prompts' earlier responses;
+    ``"least-outstanding"`` and ``"predicted-work"`` balance load alone.
+
     ``divide_after_tokens``: None (the default) leaves every sample on the endpoint it
     started on.  An integer C >= 1 turns divided rollout on (with more than one endpoint):
     every sample is streamed, and one whose current piece has C tokens or more can continue
@@ -102,7 +118,7 @@ class AsyncRolloutClient:
     def __init__(self, endpoints: str | Sequence[str], model: str, *, api_key: str | None = None,
                  max_in_flight: int = 64, max_attempts: int = 4, request_timeout_s: float = 600.0,
                  backoff_s: float = 0.5, progress: bool = False,
-                 placement: Placement = "least-outstanding", divide_after_tokens: int | None = None,
+                 placement: Placement = DEFAULT_PLACEMENT, divide_after_tokens: int | None = None,
                  max_busy_retries: int = 120) -> None:
         urls = [endpoints] if isinstance(endpoints, str) else list(endpoints)
         if max_in_flight < 1 or max_attempts < 1:
@@ -161,7 +177,8 @@ class AsyncRolloutClient:
 
         async def run_group(group: GroupResult) -> None:
             # siblings go together, so they share the server's group automaton
-            home = planned[group.index] if planned and not planned[group.index].down else await self._choose()
+            home = planned[group.index] if planned and not planned[group.index].down \
+                else await self._choose(prompt=group.prompt, work=n)
             home.outstanding += n  # reserved now, so the next group's choice sees this one
             await asyncio.gather(*(run_sample(group, i, home) for i in range(n)))
 
@@ -218,15 +235,38 @@ class AsyncRolloutClient:
                               max_concurrent_groups=max_concurrent_groups, rollout_id=rollout_id)
 
     def _plan(self, prompts: Sequence[Prompt], n: int) -> list[Endpoint] | None:
-        """With ``predicted-work`` placement, each group's endpoint (None: choose as each group starts)."""
+        """With ``affine`` or ``predicted-work`` placement, each group's endpoint, the batch placed as a whole
+        (None: choose as each group starts)."""
         up = [e for e in self.pool.endpoints if not e.down]
-        if self.placement != "predicted-work" or len(up) < 2:
+        if self.placement == "least-outstanding" or len(up) < 2:
             return None
+        if self.placement == "affine":
+            return [up[i] for i in plan_affine([prompt_id(p) for p in prompts], [e.url for e in up],
+                                               [e.outstanding for e in up], [n] * len(prompts))]
         predicted = [None if (p := self.history.predict(prompt)) is None else p * n for prompt in prompts]
         return [up[i] for i in place_by_predicted_work(predicted, len(up))]
 
-    async def _choose(self, avoid: set[str] | None = None) -> Endpoint:
-        return await self.pool.choose(self._http, avoid)
+    async def _choose(self, avoid: set[str] | None = None, prompt: Prompt | None = None, work: int = 1) -> Endpoint:
+        """The up endpoint for ``work`` requests of ``prompt`` under this client's placement, probing and
+        waiting for down endpoints as `EndpointPool.choose` does (``avoid``: endpoints already tried)."""
+        return await self.pool.choose(self._http, avoid, pick=lambda up: self._pick(up, prompt, work))
+
+    def _place(self, prompt: Prompt, work: int, in_flight: int | None = None) -> Endpoint | None:
+        """The endpoint for ``work`` requests of ``prompt`` among those up now (None: none is up); no probing.
+        ``in_flight``: the requests the caller will keep in flight (a partial rollout's), which the load bound
+        shares out even while fewer have started."""
+        up = [e for e in self.pool.endpoints if not e.down]
+        return self._pick(up, prompt, work, in_flight) if up else None
+
+    def _pick(self, candidates: list[Endpoint], prompt: Prompt | None, work: int,
+              in_flight: int | None = None) -> Endpoint:
+        """Of ``candidates`` (up, never empty): by the prompt's ranking within the load bound under ``affine``
+        placement (`place_affine`), else the one with the fewest outstanding requests."""
+        if self.placement != "affine" or prompt is None or len(candidates) == 1:
+            return least_outstanding(candidates)
+        index = place_affine(prompt_id(prompt), [e.url for e in candidates], [e.outstanding for e in candidates],
+                             work, total=in_flight)
+        return candidates[index]
 
     def _request_body(self, group: GroupResult, index: int, sampling: Sampling, rollout_id: str) -> dict[str, Any]:
         """The completion request of sample ``index`` of ``group`` (sample i is seeded ``seed + i``)."""
@@ -272,7 +312,7 @@ class AsyncRolloutClient:
                 break
             await asyncio.sleep(self.backoff_s * 2 ** (attempt - 1))
             try:
-                endpoint = await self._choose(avoid=tried)
+                endpoint = await self._choose(avoid=tried, prompt=group.prompt)
             except NoEndpointAvailable as error:
                 raise SamrolloutError(f"{last_error}; then {error}") from None
         raise SamrolloutError(f"failed {self.max_attempts} times, last on {endpoint.url}: {last_error}")
@@ -310,23 +350,23 @@ class AsyncRolloutClient:
                     raise SamrolloutError(f"failed {failures} times, last on {endpoint.url}: {error}") from None
                 sample.cut_back()
                 await asyncio.sleep(self.backoff_s * 2 ** (failures - 1))
-                endpoint = await self._next_endpoint(tried, str(error))
+                endpoint = await self._next_endpoint(tried, str(error), body["prompt"])
                 continue
             except RequestRejected:
                 if not continuing:
                     raise
                 sample.restart(may_move=False)
-                endpoint = await self._next_endpoint(set(), "")
+                endpoint = await self._next_endpoint(set(), "", body["prompt"])
                 continue
             if target is None:
                 return sample.to_sample(endpoint.url, failures + 1)
             sample.load_moves += 1
             endpoint = target  # its outstanding count was raised when it was chosen
 
-    async def _next_endpoint(self, avoid: set[str], last_error: str) -> Endpoint:
-        """The endpoint for a sample's next request, its outstanding count raised."""
+    async def _next_endpoint(self, avoid: set[str], last_error: str, prompt: Prompt) -> Endpoint:
+        """The endpoint for the next request of a sample of ``prompt``, its outstanding count raised."""
         try:
-            endpoint = await self._choose(avoid=avoid)
+            endpoint = await self._choose(avoid=avoid, prompt=prompt)
         except NoEndpointAvailable as error:
             raise SamrolloutError(f"{last_error}; then {error}" if last_error else str(error)) from None
         endpoint.outstanding += 1

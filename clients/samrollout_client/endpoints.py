@@ -1,6 +1,8 @@
-"""Several server endpoints: least-outstanding-requests choice, down marking and recovery.
+"""Several server endpoints: the choice among those up, down marking and recovery.
 
-A request goes to the up endpoint with the fewest requests in flight from this client.
+A request goes to the up endpoint its caller's rule picks (the client's placement,
+`samrollout_client.placement`), by default the one with the fewest requests in flight
+from this client.
 A connection failure or a 5xx marks the endpoint down; a down endpoint is probed
 (``GET /health``) after a backoff that doubles on each failed probe (up to
 ``max_backoff_s``), and comes back when the probe answers 200.
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import httpx
@@ -31,6 +34,14 @@ class Endpoint:
     streaming: int = 0  # of the outstanding requests, those streaming tokens now (divided rollout)
 
 
+Pick = Callable[[list[Endpoint]], Endpoint]  # which of the endpoints up (never empty) takes a request
+
+
+def least_outstanding(endpoints: list[Endpoint]) -> Endpoint:
+    """The endpoint with the fewest requests in flight from this client (the first among equals)."""
+    return min(endpoints, key=lambda e: e.outstanding)
+
+
 class EndpointPool:
     """Chooses, marks down and recovers endpoints."""
 
@@ -45,8 +56,9 @@ class EndpointPool:
         return next(e for e in self.endpoints if e.url == url)
 
     async def choose(self, client: httpx.AsyncClient, avoid: set[str] | None = None,
-                     wait_s: float = 30.0) -> Endpoint:
-        """The up endpoint with the fewest outstanding requests (``avoid`` only if nothing else is up).
+                     wait_s: float = 30.0, pick: Pick = least_outstanding) -> Endpoint:
+        """The up endpoint ``pick`` chooses, by default the one with the fewest outstanding requests
+        (``avoid`` only if nothing else is up).
 
         Down endpoints whose backoff has passed are probed first; if all are down, waits
         up to ``wait_s`` for one to recover, then raises `NoEndpointAvailable`.
@@ -57,7 +69,7 @@ class EndpointPool:
             up = [e for e in self.endpoints if not e.down]
             preferred = [e for e in up if e.url not in (avoid or set())] or up
             if preferred:
-                return min(preferred, key=lambda e: e.outstanding)
+                return pick(preferred)
             if time.monotonic() >= deadline:
                 raise NoEndpointAvailable(f"all endpoints are down: {[e.url for e in self.endpoints]}")
             await asyncio.sleep(min(e.down_until for e in self.endpoints) - time.monotonic() + 0.01)

@@ -7,8 +7,9 @@
 
 The rollout keeps up to ``max_concurrent_groups`` groups started (default: two batches),
 taking a new prompt from ``prompts`` whenever one is returned or given up.  Each group is
-``group_size`` one-sample requests with one ``group_id`` on one endpoint (the one with
-the fewest of this client's requests outstanding when the group starts), sent as in
+``group_size`` one-sample requests with one ``group_id`` on one endpoint (chosen by the
+client's ``placement`` when the group starts: by default the prompt's own endpoint within
+the load bound, `samrollout_client.placement`), sent as in
 `AsyncRolloutClient.generate` (retries, 429s, divided rollout).  `PartialRollout.next_batch`
 returns once ``batch_groups`` groups are complete (every sample of each finished; a group
 is never split), the stalest first; the samples still generating stay in flight, their HTTP
@@ -120,6 +121,9 @@ class PartialRollout:
         self._position_key: tuple[int, str] | None = None
         self._changed = asyncio.Event()
         self._gate = asyncio.Semaphore(client.max_in_flight)
+        # Samples launched and not yet running: the endpoint counted for each (its outstanding count raised at
+        # launch, so that groups placed before they start see each other's load).
+        self._reserved: dict[asyncio.Task[Sample], Endpoint] = {}
         self._started = self._closed = False
 
     # --- what the trainer reads -----------------------------------------------------------------
@@ -274,27 +278,46 @@ class PartialRollout:
                 self.stats.groups_failed += 1
                 continue
             result = GroupResult(index=index, prompt=prompt, group_id=f"{self.rollout_id}.g{index}", samples=[])
-            group = _Group(result=result, slots=[None] * self.group_size, home=self._pick_home())
+            group = _Group(result=result, slots=[None] * self.group_size,
+                           home=self._client._place(prompt, self.group_size,
+                                                    in_flight=self.max_concurrent_groups * self.group_size))
             self._groups[index] = group
             for sample in range(self.group_size):
                 self._launch(group, sample)
 
-    def _pick_home(self) -> Endpoint | None:
-        """The up endpoint with the fewest outstanding requests (None: all down, the samples choose as they start)."""
-        up = [e for e in self._client.pool.endpoints if not e.down]
-        return min(up, key=lambda e: e.outstanding) if up else None
-
     def _launch(self, group: _Group, index: int) -> None:
+        """Start sample ``index`` of ``group``, counted on the group's endpoint from now (as `generate` reserves)."""
         task = asyncio.create_task(self._run_sample(group, index))
+        if group.home is not None:
+            group.home.outstanding += 1
+            self._reserved[task] = group.home
         group.tasks[index] = task
         task.add_done_callback(lambda done: self._done(group, index, done))
 
-    async def _run_sample(self, group: _Group, index: int) -> Sample:
-        client = self._client
+    async def _home_for(self, group: _Group) -> Endpoint:
+        """The endpoint this sample runs on, its outstanding count raised: the one reserved at launch while it is
+        up, else the group's (chosen again by the placement when it is down)."""
+        task = asyncio.current_task()
+        reserved = self._reserved.pop(task, None) if task is not None else None
+        if reserved is not None and not reserved.down:
+            return reserved
+        if reserved is not None:
+            reserved.outstanding -= 1
         home = group.home
         if home is None or home.down:
-            home = group.home = await client._choose()
-        home.outstanding += 1  # as generate reserves it: released by the sample's request
+            home = group.home = await self._client._choose(prompt=group.result.prompt, work=1)
+        home.outstanding += 1
+        return home
+
+    def _release_unstarted(self, task: asyncio.Task[Sample]) -> None:
+        """A sample cancelled before it ran: uncount it from the endpoint reserved at launch."""
+        reserved = self._reserved.pop(task, None)
+        if reserved is not None:
+            reserved.outstanding -= 1
+
+    async def _run_sample(self, group: _Group, index: int) -> Sample:
+        client = self._client
+        home = await self._home_for(group)  # counted: released by the sample's request
         sent = False
         try:
             async with self._gate:
@@ -305,6 +328,7 @@ class PartialRollout:
                 home.outstanding -= 1
 
     def _done(self, group: _Group, index: int, task: asyncio.Task[Sample]) -> None:
+        self._release_unstarted(task)
         if task.cancelled() or group.tasks.get(index) is not task:
             return
         del group.tasks[index]

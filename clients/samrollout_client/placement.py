@@ -1,7 +1,18 @@
-"""Which endpoint a prompt group goes to: by outstanding requests, or by predicted work.
+"""Which endpoint a prompt group goes to: by the prompt (history-affine), by outstanding requests, or by predicted work.
 
-``least-outstanding`` (the default) sends each group to the endpoint with the fewest
-requests in flight from this client.  ``predicted-work`` remembers how long the responses
+``affine`` (the default) sends a prompt to the same endpoint every step, so that the
+server finds its earlier responses in its cross-epoch draft history and its length
+history (each server keeps its own): rendezvous (highest-random-weight) hashing of the
+prompt's identity (`samrollout_client.prompt_identity`, what the server keys its history
+by) with bounded loads.  Endpoints are ranked by a stable hash of (prompt identity,
+endpoint); the group goes to the highest-ranked endpoint that is up and would stay within
+`AFFINE_LOAD_FACTOR` (1.25) times its share of the requests in flight, this group
+included (`affine_load_bound`), else down the ranking; when every endpoint is past the
+bound (a few groups in flight), to the least loaded.  A server joining or leaving moves
+about 1/N of the prompts (only the leaving server's prompts, when loads are light).
+
+``least-outstanding`` sends each group to the endpoint with the fewest requests in flight
+from this client.  ``predicted-work`` remembers how long the responses
 to each prompt were in earlier rollouts (`LengthHistory`, LRU-bounded) and places the
 groups longest first, each onto the endpoint with the least predicted work (tokens)
 assigned so far: the longest-processing-time rule, so that no endpoint is left alone with
@@ -11,14 +22,23 @@ known ones.
 
 from __future__ import annotations
 
+import hashlib
+import math
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Literal
 
 from samrollout_client.prompt_identity import prompt_id
 
-Placement = Literal["least-outstanding", "predicted-work"]
-PLACEMENTS: tuple[Placement, ...] = ("least-outstanding", "predicted-work")
+Placement = Literal["affine", "least-outstanding", "predicted-work"]
+PLACEMENTS: tuple[Placement, ...] = ("affine", "least-outstanding", "predicted-work")
+DEFAULT_PLACEMENT: Placement = "affine"
+
+# The most an endpoint may hold under ``affine`` placement, as a multiple of its share of the work in flight
+# (consistent hashing with bounded loads, Mirrokni et al. 2018; HAProxy's hash-balance-factor 125).
+AFFINE_LOAD_FACTOR = 1.25
+# BLAKE2b personalisation of the rendezvous weights: no other hash in samrollout collides with them by design.
+_RENDEZVOUS_PERSON = b"samrollout.hrw"
 
 
 class LengthHistory:
@@ -70,4 +90,74 @@ def place_by_predicted_work(predicted: Sequence[float | None], endpoints: int,
         target = min(range(endpoints), key=lambda e: (totals[e], e))
         chosen[group] = target
         totals[target] += work[group]
+    return chosen
+
+
+def rendezvous_weight(identity: str, endpoint: str) -> int:
+    """The stable weight of ``endpoint`` for the prompt ``identity``: the higher, the more the prompt prefers it.
+
+    64 bits of BLAKE2b over both strings (never Python's salted ``hash``), so every process, client
+    and router ranks the endpoints of a prompt alike.
+    """
+    data = identity.encode("utf-8", "surrogatepass") + b"\x00" + endpoint.encode("utf-8", "surrogatepass")
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8, person=_RENDEZVOUS_PERSON).digest(), "big")
+
+
+def rendezvous_ranking(identity: str, endpoints: Sequence[str]) -> list[int]:
+    """The indices of ``endpoints``, the prompt ``identity``'s first choice first (rendezvous hashing).
+
+    Removing an endpoint leaves the order of the others unchanged; adding one inserts it somewhere.
+    """
+    return sorted(range(len(endpoints)), key=lambda i: (-rendezvous_weight(identity, endpoints[i]), endpoints[i]))
+
+
+def affine_load_bound(total: float, endpoints: int, factor: float = AFFINE_LOAD_FACTOR) -> int:
+    """The most work one of ``endpoints`` may hold: ``ceil(factor * total / endpoints)``.
+
+    ``total`` is the work in flight on those endpoints, the group being placed included.
+    """
+    if endpoints < 1:
+        raise ValueError("at least one endpoint is needed")
+    if factor < 1:
+        raise ValueError(f"the load factor must be at least 1, got {factor}")
+    return math.ceil(factor * total / endpoints)
+
+
+def place_affine(identity: str, endpoints: Sequence[str], loads: Sequence[float], work: float = 1.0,
+                 factor: float = AFFINE_LOAD_FACTOR, total: float | None = None) -> int:
+    """The index of the endpoint for ``work`` more requests of the prompt ``identity`` (rendezvous, bounded loads).
+
+    ``endpoints`` are the candidates (those up), ``loads`` the work each holds now.  The first
+    endpoint of the prompt's `rendezvous_ranking` that stays within `affine_load_bound` once it
+    takes ``work``; when none would (fewer groups in flight than it takes to share them out),
+    the least loaded, the prompt's earlier choice first among equals.  ``total``: the work the
+    bound shares out (default: the loads and ``work``); a batch placed group by group passes the
+    whole batch's, so that its first groups are not pushed off their endpoints by a bound sized
+    for the few placed so far (`plan_affine`).
+    """
+    if len(loads) != len(endpoints):
+        raise ValueError(f"{len(endpoints)} endpoints but {len(loads)} loads")
+    ranking = rendezvous_ranking(identity, endpoints)
+    if not ranking:
+        raise ValueError("at least one endpoint is needed")
+    bound = affine_load_bound(max(sum(loads) + work, total or 0.0), len(endpoints), factor)
+    for index in ranking:
+        if loads[index] + work <= bound:
+            return index
+    return min(ranking, key=lambda index: loads[index])
+
+
+def plan_affine(identities: Sequence[str], endpoints: Sequence[str], loads: Sequence[float],
+                works: Sequence[float], factor: float = AFFINE_LOAD_FACTOR) -> list[int]:
+    """An endpoint index per group of a batch placed at once (`place_affine`, in order), the bound shared out over
+    the work in flight and the whole batch's."""
+    if len(identities) != len(works):
+        raise ValueError(f"{len(identities)} groups but {len(works)} works")
+    held = list(loads)
+    total = sum(held) + sum(works)
+    chosen = []
+    for identity, work in zip(identities, works, strict=True):
+        index = place_affine(identity, endpoints, held, work, factor, total)
+        held[index] += work
+        chosen.append(index)
     return chosen

@@ -96,6 +96,8 @@ ACCEPTED = "samrollout_spec_decode_accepted_tokens_total"
 DRAFTED = "samrollout_spec_decode_draft_tokens_total"
 DRAFTS = "samrollout_spec_decode_drafts_total"
 GENERATED = "samrollout_generated_tokens_total"
+HISTORY_GROUPS = "samrollout_drafter_history_groups_total"
+HISTORY_HITS = "samrollout_drafter_history_hit_groups_total"
 ACTIVE_SHARE = "avg by (instance) (avg_over_time(samrollout_speculation_active[$__rate_interval]))"
 TOKENS_BY_INSTANCE = f"sum by (instance) ({_rate(GENERATED)})"
 
@@ -172,6 +174,15 @@ PANELS: list[Panel] = [
         _quantile(0.5, "samrollout_drafter_step_seconds"),
         _quantile(0.99, "samrollout_drafter_step_seconds"),
     ), SPECULATION, min=0, description="Proposer time per engine step (all rows of the batch)."),
+    Panel("Cross-epoch history hit rate", "percentunit", (
+        Query(f"sum({_rate(HISTORY_HITS, ROLLOUT_WINDOW)}) / sum({_rate(HISTORY_GROUPS, ROLLOUT_WINDOW)})",
+              "all servers"),
+        Query(f"sum by (instance) ({_rate(HISTORY_HITS, ROLLOUT_WINDOW)})"
+              f" / sum by (instance) ({_rate(HISTORY_GROUPS, ROLLOUT_WINDOW)})", "{{instance}}"),
+    ), SPECULATION, min=0, max=1,
+        description=f"Groups whose prompt had earlier responses in the server's cross-epoch history / groups that "
+                    f"arrived, over the last {ROLLOUT_WINDOW}: how often a prompt came back to the server that saw "
+                    "it (history-affine placement keeps it there; near 0 with several servers otherwise)."),
     # --- serving ---
     Panel("Request latency", "s", (
         _quantile(0.5, "samrollout_request_latency_seconds"),

@@ -21,6 +21,8 @@ _MODES: tuple[ThresholdMode, ...] = ("off", "static", "adaptive")
 ADDITIONAL_CONFIG_KEY = "samrollout"
 # Requests that share this value in SamplingParams.extra_args draft from one group automaton.
 GROUP_FIELD = "samrollout_group"
+# The request's rollout id in SamplingParams.extra_args (the drafter counts a group's arrival once per rollout).
+ROLLOUT_FIELD = "samrollout_rollout"
 # The most drafts per step a request's k (and a draft range's k) may ask for; critical-path drafts may go to
 # the core's MAX_DRAFT_TOKENS.
 MAX_K = 16

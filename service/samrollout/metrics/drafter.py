@@ -14,7 +14,7 @@ from prometheus_client.core import REGISTRY, CounterMetricFamily, HistogramMetri
 from prometheus_client.registry import Collector
 
 from samrollout.metrics import definitions as m
-from samrollout.spec_decode.stats import STEP_SECONDS_BUCKETS, ProposerStats
+from samrollout.spec_decode.stats import STEP_SECONDS_BUCKETS, HistoryStats, ProposerStats
 
 
 class DrafterCollector(Collector):
@@ -39,8 +39,7 @@ class DrafterCollector(Collector):
 
     def collect(self) -> Iterator[HistogramMetricFamily | CounterMetricFamily]:
         """The histogram, cumulative over the proposer's bucket counts (nothing before the first snapshot),
-        draft tokens proposed and accepted per source, and the count of earlier responses that joined
-        group automata (with the history on)."""
+        draft tokens proposed and accepted per source, and the history's counters (with the history on)."""
         stats = self.snapshot
         if stats is None:
             return
@@ -56,15 +55,27 @@ class DrafterCollector(Collector):
         yield drafted
         yield accepted
         if stats.history is not None:
-            yield CounterMetricFamily(f"{m.P}drafter_history_joined_responses",
-                                      "Earlier rollouts' responses that joined a later group's automaton",
-                                      value=stats.history.joined_responses)
+            yield from _history_counters(stats.history)
         cumulative, buckets = 0, []
         for bound, count in zip([*map(str, STEP_SECONDS_BUCKETS), "+Inf"], stats.step_seconds_counts, strict=True):
             cumulative += count
             buckets.append((bound, cumulative))
         yield HistogramMetricFamily(f"{m.P}drafter_step_seconds", "Proposer time per engine step (all rows)",
                                     buckets=buckets, sum_value=stats.propose_seconds)
+
+
+def _history_counters(history: HistoryStats) -> Iterator[CounterMetricFamily]:
+    """The cross-epoch history's counters: earlier responses joined, groups arrived, and groups that found their
+    prompt's earlier responses there (hits / groups: how often a prompt came back to the server that saw it)."""
+    yield CounterMetricFamily(f"{m.P}drafter_history_joined_responses",
+                              "Earlier rollouts' responses that joined a later group's automaton",
+                              value=history.joined_responses)
+    yield CounterMetricFamily(f"{m.P}drafter_history_groups",
+                              "Groups that arrived at the drafter with the cross-epoch history on (once per group)",
+                              value=history.groups)
+    yield CounterMetricFamily(f"{m.P}drafter_history_hit_groups",
+                              "Groups whose prompt had earlier responses in this server's cross-epoch history "
+                              "when they arrived", value=history.hit_groups)
 
 
 DRAFTER_METRICS = DrafterCollector()

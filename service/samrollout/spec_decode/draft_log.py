@@ -51,7 +51,7 @@ class DraftLogWriter:
                 start = 0  # the sequence shrank (preempted and resumed): write it again from the start
             out.append({"id": row.request_id, "sampled": row.sampled, "length": row.length,
                         "prompt_length": row.prompt_length, "group": row.group, "greedy": row.greedy,
-                        "room": row.room, "seeded": row.seeded, "start": start,
+                        "room": row.room, "seeded": row.seeded, "rollout": row.rollout, "start": start,
                         "tokens": np.asarray(row.tokens[start:row.length]).tolist()})
             self._written[row.request_id] = row.length
         live = set(present)
@@ -90,7 +90,8 @@ def read_draft_log(path: str | Path) -> tuple[DraftSession, Iterator[LoggedStep]
                 tokens = sequences.get(row["id"], [])[:row["start"]] + row["tokens"]
                 sequences[row["id"]] = tokens
                 rows.append(StepRow(row["id"], row["sampled"], tokens, row["length"], row["prompt_length"],
-                                    row["group"], row["greedy"], row["room"], row.get("seeded", False)))
+                                    row["group"], row["greedy"], row["room"], row.get("seeded", False),
+                                    row.get("rollout")))
             present = record["present"]
             live = set(present)
             for request_id in [r for r in sequences if r not in live]:

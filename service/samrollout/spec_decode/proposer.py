@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import inspect
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
-from samrollout.config import ADDITIONAL_CONFIG_KEY, GROUP_FIELD, SpeculationConfig
+from samrollout.config import ADDITIONAL_CONFIG_KEY, GROUP_FIELD, ROLLOUT_FIELD, SpeculationConfig
 from samrollout.spec_decode.cpu_sampled_verification import sampled_verification_is_exact
 from samrollout.spec_decode.draft_log import DraftLogWriter
 from samrollout.spec_decode.schedule import dense_from_range, dense_schedule
@@ -64,6 +64,15 @@ def group_of(request_id: str, extra_args: dict[str, Any] | None) -> str | None:
     return None
 
 
+class _Facts(NamedTuple):
+    """What the proposer reads once from a request's sampling params."""
+
+    group: str | None
+    greedy: bool
+    seeded: bool
+    rollout: str | None
+
+
 class SamProposer:
     """vLLM custom_class proposer backed by the native SAM drafter, through a `DraftSession`."""
 
@@ -95,7 +104,7 @@ class SamProposer:
         self.session = DraftSession(config, vocab_size, session_settings)
         self.runner = runner if runner is not None else find_model_runner()
         self.log = DraftLogWriter.from_env(config, vocab_size, session_settings)
-        self._facts: dict[str, tuple[str | None, bool, bool]] = {}  # group, greedy, seeded: read once per request
+        self._facts: dict[str, _Facts] = {}  # read once per request
 
     @staticmethod
     def _draft_sampled(mode: str) -> bool:
@@ -132,9 +141,10 @@ class SamProposer:
         for i, sampled in enumerate(sampled_token_ids):
             request_id = req_ids[i]
             length = int(num_tokens_no_spec[i])
-            group, greedy, seeded = self._request_facts(request_id)
+            facts = self._request_facts(request_id)
             rows.append(StepRow(request_id, len(sampled), token_ids_cpu[i], length, int(batch.num_prompt_tokens[i]),
-                                group, greedy, room=self.max_model_len - length - 1, seeded=seeded))
+                                facts.group, facts.greedy, room=self.max_model_len - length - 1,
+                                seeded=facts.seeded, rollout=facts.rollout))
         present = list(batch.req_id_to_index)
         if len(self._facts) > 2 * len(present) + 64:  # drop the facts of requests that left
             self._facts = {r: self._facts[r] for r in present if r in self._facts}
@@ -143,17 +153,18 @@ class SamProposer:
             self.log.write(rows, present, now, drafts)
         return drafts
 
-    def _request_facts(self, request_id: str) -> tuple[str | None, bool, bool]:
-        """The request's group, whether it samples greedily, and whether it has its own seed (sampling params)."""
+    def _request_facts(self, request_id: str) -> _Facts:
+        """The request's group, sampling, seed and rollout id (its sampling params), read once."""
         facts = self._facts.get(request_id)
         if facts is not None:
             return facts
         params = getattr(self.runner.requests.get(request_id), "sampling_params", None)
         greedy = params is not None and params.temperature < 1e-5
-        group = group_of(request_id, getattr(params, "extra_args", None)) if self.session.config.group_drafting \
-            else None
+        extra_args = getattr(params, "extra_args", None)
+        group = group_of(request_id, extra_args) if self.session.config.group_drafting else None
         seeded = getattr(params, "seed", None) is not None
-        facts = self._facts[request_id] = (group, greedy, seeded)
+        rollout = extra_args.get(ROLLOUT_FIELD) if extra_args else None
+        facts = self._facts[request_id] = _Facts(group, greedy, seeded, None if rollout is None else str(rollout))
         return facts
 
     def reset(self) -> None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Collection, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,6 +34,8 @@ from samrollout.spec_decode.stats import STEP_SECONDS_BUCKETS, HistoryStats, Pro
 from samrollout_client.prompt_identity import prompt_digest, prompt_group
 
 TokenRow = Sequence[int] | npt.NDArray[Any]
+# Group arrivals remembered by (rollout id, group), so that each is counted once (`DraftSession._count_arrival`).
+MAX_COUNTED_GROUPS = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -44,7 +46,8 @@ class StepRow:
     are read); ``sampled``: tokens the step just finished produced for it (0: it only prefilled);
     ``group``: its sibling group (None: none, or grouped by prompt when the history is on);
     ``greedy``: temperature 0; ``seeded``: it samples with its own seed; ``room``: most draft
-    tokens its context still has room for.
+    tokens its context still has room for; ``rollout``: its rollout id (None: none), by which a
+    group's arrival is counted once per rollout.
     """
 
     request_id: Hashable
@@ -56,6 +59,7 @@ class StepRow:
     greedy: bool = True
     room: int = 1 << 30
     seeded: bool = False
+    rollout: str | None = None
 
 
 @dataclass(frozen=True)
@@ -101,6 +105,8 @@ class _Counters:
     longest_confident_draft: int = 0
     critical_drafts: int = 0  # rows drafted as the critical path (critical_rows), beyond the range
     history_joined_responses: int = 0
+    history_groups: int = 0      # groups that arrived with the history on
+    history_hit_groups: int = 0  # of them, those whose prompt had earlier responses in the history
     propose_seconds: float = 0.0
     step_seconds_counts: list[int] = field(default_factory=lambda: [0] * (len(STEP_SECONDS_BUCKETS) + 1))
     steps_by_batch_size: Counter[int] = field(default_factory=Counter)
@@ -131,6 +137,7 @@ class DraftSession:
         self._group: dict[Hashable, str] = {}        # each request's group (requests in none are absent)
         self._prompt_key: dict[Hashable, bytes] = {}  # each request's history key (history on)
         self._unjoined: dict[str, bytes] = {}        # live groups whose history has not joined yet
+        self._counted: OrderedDict[tuple[str, str], None] = OrderedDict()  # (rollout, group) arrivals counted
         self._last_draft: dict[Hashable, int] = {}   # length of each request's previous draft
         self._last_source: dict[Hashable, DraftSourceName] = {}  # and where it came from
         self._last_call: float | None = None
@@ -280,11 +287,31 @@ class DraftSession:
         if self.history is not None:
             key = self._prompt_key[row.request_id] = prompt_digest(prompt)
             group = group if group is not None else prompt_group(key)
-            if not self.drafter.has_group(group) and self.history.responses(key):
-                self._unjoined[group] = key
+            if not self.drafter.has_group(group):
+                earlier = bool(self.history.responses(key))
+                self._count_arrival(group, row.rollout, earlier)
+                if earlier:
+                    self._unjoined[group] = key
         # A request with another group's id but not its prompt drafts alone (SamDrafter.add_request).
         if self.drafter.add_request(row.request_id, prompt, group=group) and group is not None:
             self._group[row.request_id] = group
+
+    def _count_arrival(self, group: str, rollout: str | None, earlier: bool) -> None:
+        """Count a group whose first request arrives, and whether its prompt had ``earlier`` responses in the history.
+
+        With a rollout id, once per (rollout, group), although its automaton may be freed between siblings
+        (a length-aware probe that ended before its siblings started); without one, each time it starts afresh.
+        """
+        if rollout is not None:
+            seen = (rollout, group)
+            if seen in self._counted:
+                self._counted.move_to_end(seen)
+                return
+            self._counted[seen] = None
+            if len(self._counted) > MAX_COUNTED_GROUPS:
+                self._counted.popitem(last=False)
+        self.counters.history_groups += 1
+        self.counters.history_hit_groups += earlier
 
     def _join_history(self, request_ids: list[Hashable]) -> None:
         """Earlier responses join the groups of these rows that have not had theirs yet."""
@@ -367,4 +394,5 @@ class DraftSession:
             global_tokens=self.drafter.global_tokens,
             history=None if history is None else HistoryStats(
                 tokens=history.tokens, prompts=history.prompts, max_tokens=history.max_tokens,
-                responses_per_prompt=history.responses_per_prompt, joined_responses=c.history_joined_responses))
+                responses_per_prompt=history.responses_per_prompt, joined_responses=c.history_joined_responses,
+                groups=c.history_groups, hit_groups=c.history_hit_groups))

@@ -40,14 +40,17 @@ class SourceCounts:
 
 @dataclass(frozen=True)
 class HistoryStats:
-    """The cross-epoch history (`samrollout.history.ResponseHistory`): what it holds, its bounds, and how many
-    earlier responses joined a group's automaton."""
+    """The cross-epoch history (`samrollout.history.ResponseHistory`): what it holds, its bounds, how many
+    earlier responses joined a group's automaton, and how many groups arrived (``groups``), of which how many
+    found earlier responses to their prompt in it (``hit_groups``)."""
 
     tokens: int
     prompts: int
     max_tokens: int
     responses_per_prompt: int
     joined_responses: int
+    groups: int
+    hit_groups: int
 
 
 @dataclass(frozen=True)
