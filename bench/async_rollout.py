@@ -27,6 +27,16 @@ long tail.
   ``--max-staleness`` (default: no bound) restarts samples past it (their tokens count as
   discarded).
 
+With ``--servers N`` it starts N servers, each engine bound to a core of its own (the client
+places groups over them with its default placement), and with ``--rounds R`` it runs the modes
+R times interleaved (round 1: every mode, round 2: every mode, ...), the machine's drift shared
+alike; the table gives each mode's median.  ``--record DIR`` writes every group each mode and
+round ran (prompt and response token ids, the server it ran on, finish reasons) as
+``DIR/<mode>-<round>.jsonl.gz``, in the order the client started them, for
+``bench/simulator_rl_calibration.py`` to simulate; so that the simulation knows every group
+the loop had in flight, ``async-continue`` then lets the groups still held run to their end
+(after its wall time is taken; it starts no new prompt).
+
 Every mode takes the same prompts in the same order, with the same seeds (sample i of a group:
 ``--seed + i``).  The server runs with its default length-aware scheduling but remembers no
 prompt's response lengths (``--scheduling-history 0``), so no mode is scheduled with what an
@@ -45,6 +55,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gzip
 import itertools
 import json
 import math
@@ -139,6 +150,40 @@ def staleness_counts(groups: list[Any], history: list[str]) -> Counter[int]:
     return Counter(s.staleness(history) for g in groups for s in g.samples)
 
 
+class StoppablePrompts:
+    """A prompt iterator that can be told to end (the async mode's drain for the recording)."""
+
+    def __init__(self, prompts: Iterator[str]) -> None:
+        self.prompts, self.stopped = prompts, False
+
+    def __iter__(self) -> StoppablePrompts:
+        return self
+
+    def __next__(self) -> str:
+        if self.stopped:
+            raise StopIteration
+        return next(self.prompts)
+
+    def stop(self) -> None:
+        """No prompt after this one."""
+        self.stopped = True
+
+
+def write_recording(path: Path, groups_run: list[tuple[int, bool, Any]], urls: list[str]) -> None:
+    """Every group a mode ran, in the order the client started them: step, whether the trainer took it, the
+    server it ran on, prompt and response token ids, finish reasons (a JSONL line each, gzipped)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with gzip.open(path, "wt", encoding="utf-8") as handle:
+        for step, taken, group in sorted(groups_run, key=lambda row: (row[0], row[2].index)):
+            samples = group.samples
+            handle.write(json.dumps({
+                "step": step, "index": group.index, "taken": taken,
+                "server": urls.index(samples[0].endpoint) if samples and samples[0].endpoint in urls else None,
+                "prompt_ids": next((s.prompt_token_ids for s in samples if s.prompt_token_ids), None),
+                "response_ids": [s.token_ids for s in samples],
+                "finish_reasons": [s.finish_reason for s in samples]}) + "\n")
+
+
 def record_step(record: dict[str, Any], groups: list[Any], rollout_s: float, began: float, updated: float,
                 done: float) -> None:
     """Add one trainer step to a mode's record: its rollout, update and step times, samples and useful tokens."""
@@ -162,12 +207,13 @@ async def run_sync_wait(client: Any, prompts: Iterator[str], args: argparse.Name
                         weights: str) -> dict[str, Any]:
     """``sync-wait``: generate a batch, train, update with ``wait``."""
     record: dict[str, Any] = {"step_s": [], "rollout_s": [], "update_s": [], "samples": 0, "useful_tokens": 0,
-                              "discarded_tokens": 0}
+                              "discarded_tokens": 0, "groups_run": []}
     staleness: Counter[int] = Counter()
     start = time.perf_counter()
     for step in range(args.steps):
         began = time.perf_counter()
         groups, rollout_s = await sync_step(client, prompts, args, sampling, f"sync-wait-{step}")
+        record["groups_run"] += [(step, True, g) for g in groups]
         staleness += staleness_counts(groups, client.weight_versions)
         await asyncio.sleep(args.train_s)
         updated = time.perf_counter()
@@ -185,7 +231,8 @@ async def run_sync_abort(client: Any, prompts: Iterator[str], args: argparse.Nam
                          weights: str) -> dict[str, Any]:
     """``sync-abort``: over-sample, take the first groups to finish, train, update with ``abort``."""
     record: dict[str, Any] = {"step_s": [], "rollout_s": [], "update_s": [], "samples": 0, "useful_tokens": 0,
-                              "discarded_tokens": 0, "aborted_samples": 0, "unused_complete_groups": 0}
+                              "discarded_tokens": 0, "aborted_samples": 0, "unused_complete_groups": 0,
+                              "groups_run": []}
     staleness: Counter[int] = Counter()
     sent = math.ceil(args.groups * (1 + args.oversample))
     start = time.perf_counter()
@@ -208,6 +255,8 @@ async def run_sync_abort(client: Any, prompts: Iterator[str], args: argparse.Nam
         await client.abort(rollout_id)  # any left waiting for an engine slot would otherwise start on the new weights
         done_at = time.perf_counter()
         rest = [group for task in [*finished[args.groups:], *pending] for group in await task]
+        taken = set(finished[:args.groups])
+        record["groups_run"] += [(step, task in taken, group) for task in tasks for group in await task]
         record["discarded_tokens"] += tokens(rest)
         record["aborted_samples"] += sum(s.finish_reason == "abort" for g in rest for s in g.samples)
         record["unused_complete_groups"] += sum(all(s.finish_reason != "abort" for s in g.samples) for g in rest)
@@ -224,10 +273,11 @@ async def run_async_continue(client: Any, prompts: Iterator[str], args: argparse
                              weights: str) -> dict[str, Any]:
     """``async-continue``: a partial rollout; train while the unfinished samples run on; update with ``continue``."""
     record: dict[str, Any] = {"step_s": [], "rollout_s": [], "update_s": [], "samples": 0, "useful_tokens": 0,
-                              "carried_over": []}
+                              "carried_over": [], "groups_run": []}
     staleness: Counter[int] = Counter()
+    stream = StoppablePrompts(prompts)
     start = time.perf_counter()
-    async with client.partial_rollout(prompts, args.group_size, batch_groups=args.groups, sampling=sampling,
+    async with client.partial_rollout(stream, args.group_size, batch_groups=args.groups, sampling=sampling,
                                       max_staleness=args.max_staleness,
                                       max_concurrent_groups=args.max_concurrent_groups,
                                       rollout_id="async-continue") as rollout:
@@ -235,6 +285,7 @@ async def run_async_continue(client: Any, prompts: Iterator[str], args: argparse
             began = time.perf_counter()
             batch = await rollout.next_batch()
             rollout_s = time.perf_counter() - began
+            record["groups_run"] += [(step, True, g) for g in batch]
             record["carried_over"].append(rollout.running)
             staleness += staleness_counts(batch, rollout.versions)
             await asyncio.sleep(args.train_s)
@@ -245,8 +296,12 @@ async def run_async_continue(client: Any, prompts: Iterator[str], args: argparse
             print(f"  async-continue step {step + 1}/{args.steps}: waited {rollout_s:.1f} s for the batch, step "
                   f"{done - began:.1f} s, {rollout.running} samples carried on", file=sys.stderr, flush=True)
         record["wall_s"] = time.perf_counter() - start
-        stats = rollout.stats
+        stats = rollout.stats.model_copy()
         record["in_flight_at_end"] = rollout.running
+        if args.record:  # let what is held run to its end (no new prompt), so the recording has every group
+            stream.stop()
+            while rest := await rollout.next_batch():
+                record["groups_run"] += [(args.steps, False, g) for g in rest]
     record["discarded_tokens"] = stats.discarded_tokens
     record["partial_rollout_stats"] = stats.model_dump()
     record["staleness"] = dict(sorted(staleness.items()))
@@ -256,15 +311,17 @@ async def run_async_continue(client: Any, prompts: Iterator[str], args: argparse
 RUNNERS = {"sync-wait": run_sync_wait, "sync-abort": run_sync_abort, "async-continue": run_async_continue}
 
 
-async def run(args: argparse.Namespace, url: str, weights: str) -> dict[str, Any]:
-    """Calibrate the trainer's sleep, then run every mode; the JSON's body."""
+async def run(args: argparse.Namespace, urls: list[str], weights: str) -> dict[str, Any]:
+    """Calibrate the trainer's sleep, then run every mode ``--rounds`` times, interleaved; the JSON's body."""
     from samrollout_client import AsyncRolloutClient, Sampling
 
     sampling = Sampling(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed)
     result: dict[str, Any] = {"modes": {}}
-    async with AsyncRolloutClient(url, model="bench", max_in_flight=args.max_in_flight,
+    rounds: dict[str, list[dict[str, Any]]] = {mode: [] for mode in args.modes}
+    async with AsyncRolloutClient(urls, model="bench", max_in_flight=args.max_in_flight,
                                   request_timeout_s=1800.0) as client:
-        await client.generate([next(questions(args.seed + 999))], n=2, sampling=sampling, rollout_id="warm-up")
+        await client.generate([next(questions(args.seed + 999 + i)) for i in range(len(urls))], n=2,
+                              sampling=sampling, rollout_id="warm-up")
         calibration = []
         prompts = questions(args.seed + 1)
         for step in range(args.calibration_steps):
@@ -280,18 +337,40 @@ async def run(args: argparse.Namespace, url: str, weights: str) -> dict[str, Any
         result["calibration"] = calibration
         result["train_s"] = args.train_s
         print(f"trainer step: {args.train_s:.1f} s", file=sys.stderr, flush=True)
-        for mode in args.modes:
-            await wait_idle(url)
-            before = server_counters(url)
-            print(f"{mode} ...", file=sys.stderr, flush=True)
-            record = await RUNNERS[mode](client, questions(args.seed), args, sampling, weights)
-            await wait_idle(url)
-            record["server"] = counters_delta(before, server_counters(url))
-            record["samples_per_s"] = record["samples"] / record["wall_s"]
-            record["useful_tokens_per_s"] = record["useful_tokens"] / record["wall_s"]
-            record["steps"] = args.steps
-            result["modes"][mode] = record
+        for round_index in range(args.rounds):
+            for mode in args.modes:
+                rounds[mode].append(await run_mode(client, mode, round_index, urls, args, sampling, weights))
+    result["modes"] = {mode: summarize_rounds(records) for mode, records in rounds.items()}
     return result
+
+
+async def run_mode(client: Any, mode: str, round_index: int, urls: list[str], args: argparse.Namespace,
+                   sampling: Any, weights: str) -> dict[str, Any]:
+    """One round of one mode, the servers idle before and after; its record (and its recording, if asked)."""
+    for url in urls:
+        await wait_idle(url)
+    before = [server_counters(url) for url in urls]
+    print(f"{mode} (round {round_index + 1}/{args.rounds}) ...", file=sys.stderr, flush=True)
+    record = await RUNNERS[mode](client, questions(args.seed), args, sampling, weights)
+    for url in urls:
+        await wait_idle(url)
+    deltas = [counters_delta(b, server_counters(url)) for b, url in zip(before, urls, strict=True)]
+    record["server"] = {key: sum(d.get(key, 0.0) for d in deltas) for key in sorted({k for d in deltas for k in d})}
+    record["samples_per_s"] = record["samples"] / record["wall_s"]
+    record["useful_tokens_per_s"] = record["useful_tokens"] / record["wall_s"]
+    record["steps"] = args.steps
+    groups_run = record.pop("groups_run")
+    if args.record:
+        write_recording(args.record / f"{mode}-{round_index}.jsonl.gz", groups_run, urls)
+    return record
+
+
+def summarize_rounds(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """A mode over its rounds: the median round's record, with the median samples/s and every round's."""
+    rates = [r["samples_per_s"] for r in records]
+    middle = sorted(records, key=lambda r: r["samples_per_s"])[(len(records) - 1) // 2]
+    return {**middle, "samples_per_s": statistics.median(rates), "samples_per_s_rounds": rates,
+            "median_round": records.index(middle), "rounds": len(records), "round_records": records}
 
 
 def report(result: dict[str, Any]) -> None:
@@ -365,6 +444,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="write the results (default path: bench/results/async-rollout-cpu.json)")
     parser.add_argument("--plot", type=Path, nargs="?", const=HERE / "results" / "async-rollout-cpu.png",
                         default=None, help="draw them (default path: bench/results/async-rollout-cpu.png)")
+    parser.add_argument("--servers", type=int, default=1,
+                        help="servers to start (more than one: each engine bound to a core of its own)")
+    parser.add_argument("--rounds", type=int, default=1, help="rounds of every mode, interleaved (median taken)")
+    parser.add_argument("--record", type=Path, default=None,
+                        help="write every group each mode and round ran to DIR/<mode>-<round>.jsonl.gz")
     parser.add_argument("--log", type=Path, default=Path("/tmp/samrollout-async-rollout-bench.log"))
     args = parser.parse_args(argv)
     unknown = set(args.modes) - set(MODES)
@@ -373,22 +457,41 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def main() -> None:
-    """Start the server, run the modes, print the table, write the JSON and the plot."""
-    args = parse_args()
+def start_servers(args: argparse.Namespace) -> list[Any]:
+    """``--servers`` servers of the built-in model; with more than one, each engine's threads bound to one core."""
     from samrollout.models import ensure_smollm2
     from samrollout.testing import start_server
 
-    model_dir = ensure_smollm2()
-    print(f"starting the server (log: {args.log}) ...", file=sys.stderr, flush=True)
-    server = start_server(["--served-model-name", "bench", "--max-model-len", "1024", "--max-num-seqs",
-                           str(args.max_num_seqs), "--rollout-scheduling", args.rollout_scheduling,
-                           "--scheduling-history", "0", "--log-level", "warning", "--",
-                           "--kv-cache-memory-bytes", str(int(args.kv_cache_gib * 2**30))], args.log)
+    ensure_smollm2()  # converted once, before the servers start
+    cores = os.cpu_count() or 1
+    servers = []
     try:
-        result = asyncio.run(run(args, server.url, str(model_dir)))
+        for index in range(args.servers):
+            env = {"VLLM_CPU_OMP_THREADS_BIND": str(index % cores)} if args.servers > 1 else None
+            log = args.log.with_name(f"{args.log.stem}-{index}{args.log.suffix}") if args.servers > 1 else args.log
+            print(f"starting server {index + 1}/{args.servers} (log: {log}) ...", file=sys.stderr, flush=True)
+            servers.append(start_server(["--served-model-name", "bench", "--max-model-len", "1024", "--max-num-seqs",
+                                         str(args.max_num_seqs), "--rollout-scheduling", args.rollout_scheduling,
+                                         "--scheduling-history", "0", "--log-level", "warning", "--",
+                                         "--kv-cache-memory-bytes", str(int(args.kv_cache_gib * 2**30))], log, env))
+    except BaseException:
+        for server in servers:
+            server.stop()
+        raise
+    return servers
+
+
+def main() -> None:
+    """Start the servers, run the modes, print the table, write the JSON and the plot."""
+    args = parse_args()
+    from samrollout.models import ensure_smollm2
+
+    servers = start_servers(args)
+    try:
+        result = asyncio.run(run(args, [server.url for server in servers], str(ensure_smollm2())))
     finally:
-        server.stop()
+        for server in servers:
+            server.stop()
     result.update({
         "command": " ".join(["bench/async_rollout.py", *sys.argv[1:]]),
         "model": "SmolLM2-135M-Instruct (built-in)",

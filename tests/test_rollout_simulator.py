@@ -17,19 +17,10 @@ from samrollout.drafter import DraftPolicy
 from samrollout.replay.drafters import SamReplayDrafter
 from samrollout.replay.simulate import replay
 from samrollout.replay.traces import TraceGroup
-from samrollout.sim.cost import CostTable
 from samrollout.sim.rollout import SimSettings, simulate
+from support.cost_tables import STEP_MS, flat_table
 
-STEP_MS = 10.0
 VOCAB = 64
-
-
-def flat_table(step_ms: float = STEP_MS) -> CostTable:
-    """Every step takes ``step_ms`` whatever its rows, tokens per row and context (and prefill adds nothing)."""
-    points = [{"L": length, "B": batch, "status": "ok", "t_ms": {str(q): step_ms for q in (1, 2, 4, 9)}}
-              for length in (128, 1024) for batch in (1, 8, 64)]
-    return CostTable.from_json({"environment": {"device": "cpu", "device_name": "test"}, "points": points},
-                               model="test")
 
 
 def _tokens(n: int, seed: int) -> np.ndarray:

@@ -1,4 +1,4 @@
-"""Command line: ``samrollout <command>`` (``serve``, ``model``, ``replay``, ``simulate``)."""
+"""Command line: ``samrollout <command>`` (``serve``, ``model``, ``replay``, ``simulate``, ``simulate-rl``)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from samrollout.model_command import add_model_parser
 from samrollout.replay.command import add_replay_parser
 from samrollout.server.command import add_serve_parser
 from samrollout.sim.command import add_simulate_parser
+from samrollout.sim.rl_command import add_simulate_rl_parser
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -20,6 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_parser(commands)
     add_replay_parser(commands)
     add_simulate_parser(commands)
+    add_simulate_rl_parser(commands)
     return parser
 
 

@@ -1,0 +1,265 @@
+"""``samrollout simulate-rl``: what a trainer gets from N servers over S steps, synchronous or asynchronous.
+
+Projects samples per second delivered to the trainer for each loop (`samrollout.sim.rl_loop`: ``sync``
+with ``wait``, ``sync-abort`` with over-sampling, ``async`` partial rollouts with ``continue`` and a
+staleness bound) and each drafter (``off``, vLLM ``suffix``, ``samrollout``, any mode `samrollout simulate`
+knows), on the instances and slots given, under each placement (``affine``, ``least-outstanding``), with
+the training time as seconds or as a ratio of the sync + off rollout time, and every weight update
+charged for its transfer, pause and KV recompute.
+
+The prompt set is every group of the trace files; ``--epochs`` splits each group's responses into that
+many successive epochs, so a prompt's later epochs draft from its earlier responses only where those ran
+on the same instance (history is never a copy, and never the response itself).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from samrollout.config import SpeculationConfig
+from samrollout.replay.traces import ResponseFilter, TraceError, load_traces, select, split_paths, vocab_size
+from samrollout.sim.command import drafter_factory, mode_settings
+from samrollout.sim.cost import CostTable
+from samrollout.sim.rl_loop import (
+    SIM_PLACEMENTS,
+    WEIGHT_TRANSFERS,
+    LoopGroup,
+    LoopSettings,
+    UpdateCosts,
+    epoch_stream,
+    simulate_loop,
+)
+from samrollout.sim.state import SimSettings
+
+LOOP_NAMES = {"sync": "sync-wait", "sync-abort": "sync-abort", "async": "async-continue"}
+MODE_PREFIX = {loop: name for name, loop in LOOP_NAMES.items()}
+DEFAULT_LOOPS = "sync,async"
+DEFAULT_DRAFTERS = "off,suffix,samrollout"
+Plan = tuple[str, int, SpeculationConfig | None, str]
+
+
+def add_simulate_rl_parser(commands: Any) -> None:
+    """Register the ``simulate-rl`` sub-command."""
+    p = commands.add_parser("simulate-rl", help="project trainer samples/s of an RL loop over several servers",
+                            description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--traces", action="append", required=True, help="JSONL(.gz) trace files, as for `simulate`")
+    p.add_argument("--tokenizer", help="Hugging Face tokenizer path for text traces")
+    p.add_argument("--cost", required=True, help="cost table JSON (bench/verify_cost.py or bench/engine_cost.py)")
+    p.add_argument("--device-kind", choices=["cuda", "npu", "cpu"],
+                   help="whose server defaults 'samrollout' means (default: the cost table's device)")
+    p.add_argument("--responses", choices=["all", "clean", "both"], default="clean")
+    p.add_argument("--max-groups", type=int, help="only the first N groups of each file")
+    p.add_argument("--epochs", type=int, default=2, help="each group's responses split into this many epochs")
+    p.add_argument("--loops", default=DEFAULT_LOOPS, help=f"of {', '.join(LOOP_NAMES)} (default {DEFAULT_LOOPS})")
+    p.add_argument("--drafters", default=DEFAULT_DRAFTERS,
+                   help=f"modes as `samrollout simulate --modes` names them (default {DEFAULT_DRAFTERS})")
+    p.add_argument("--placements", default="affine,least-outstanding", help=f"of {', '.join(SIM_PLACEMENTS)}")
+    p.add_argument("--instances", default="2", help="engine instances, comma-separated for several runs")
+    p.add_argument("--slots", default="64", help="max_num_seqs per instance, comma-separated")
+    p.add_argument("--kv-tokens", type=int, default=None, help="KV cache per instance in tokens (default: unlimited)")
+    p.add_argument("--batch-groups", type=int, default=None,
+                   help="groups per trainer step (default: the prompts of one epoch)")
+    p.add_argument("--steps", type=int, default=None,
+                   help="trainer steps (default: as many as the stream holds, one batch kept back for async)")
+    p.add_argument("--train-ratio", default="0",
+                   help="training time per step as a ratio of the sync + off rollout time, comma-separated")
+    p.add_argument("--train-s", type=float, default=None, help="training time per step in seconds (instead)")
+    p.add_argument("--max-staleness", default="1", help="async staleness bounds, comma-separated ('none': no bound)")
+    p.add_argument("--oversample", type=float, default=0.5, help="sync-abort: extra groups, as a fraction")
+    p.add_argument("--max-concurrent-groups", type=int, default=None, help="async: groups held (default two batches)")
+    p.add_argument("--checkpoint-gb", type=float, default=16.0, help="checkpoint size in GB (Qwen3-8B in bf16: 16)")
+    p.add_argument("--weights", default="shared-disk", help=f"of {', '.join(WEIGHT_TRANSFERS)}, comma-separated")
+    p.add_argument("--link-gbit", type=float, default=25.0, help="the trainer's push link, Gb/s")
+    p.add_argument("--disk-gbyte-s", type=float, default=2.0, help="a server's shared-disk read, GB/s")
+    p.add_argument("--load-gbyte-s", type=float, default=10.0, help="a server's load of pushed (staged) files, GB/s")
+    p.add_argument("--kv", choices=["recompute", "keep"], default="recompute",
+                   help="continue updates: recompute the KV of the tokens in flight, or keep it")
+    p.add_argument("--drafter-time-scale", default="1",
+                   help="charge the drafters' measured CPU time times this, comma-separated (0.5: a CPU twice as fast)")
+    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+                   help="simulations run side by side, one process each (default: one per CPU)")
+    p.add_argument("--json", help="write every projection to this JSON file")
+    p.set_defaults(run=run)
+
+
+def _split(text: str) -> list[str]:
+    return [x.strip() for x in text.split(",") if x.strip()]
+
+
+def _staleness(text: str) -> int | None:
+    return None if text.lower() == "none" else int(text)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Every file x response filter x instances x slots x weights x drafter-time scale: print and write."""
+    try:
+        cost = CostTable.load(args.cost)
+        device_kind = args.device_kind or ("cuda" if cost.device.startswith("cuda") else "cpu")
+        drafters = {m: mode_settings(m, device_kind) for m in _split(args.drafters)}
+        loops = [LOOP_NAMES[name] for name in _split(args.loops)]
+        placements = _split(args.placements)
+        transfers = _split(args.weights)
+        for value, allowed, what in ((placements, SIM_PLACEMENTS, "placement"), (transfers, WEIGHT_TRANSFERS,
+                                                                                   "weights")):
+            unknown = set(value) - set(allowed)
+            if unknown:
+                raise ValueError(f"unknown {what} {sorted(unknown)}: choose from {', '.join(allowed)}")
+        files = {path: load_traces(path, args.tokenizer, args.max_groups) for path in split_paths(args.traces)}
+    except KeyError as error:
+        print(f"samrollout simulate-rl: unknown loop {error}: choose from {', '.join(LOOP_NAMES)}", file=sys.stderr)
+        return 2
+    except (TraceError, ValueError, OSError) as error:
+        print(f"samrollout simulate-rl: {error}", file=sys.stderr)
+        return 2
+    filters: list[ResponseFilter] = ["clean", "all"] if args.responses == "both" else [args.responses]
+    projections: list[dict[str, Any]] = []
+    for path, loaded in files.items():
+        vocab = vocab_size(loaded)
+        for which in filters:
+            groups = select(loaded, which, [])
+            stream = epoch_stream(groups, args.epochs)
+            for instances in map(int, _split(args.instances)):
+                for slots in map(int, _split(args.slots)):
+                    for transfer in transfers:
+                        for scale in map(float, _split(args.drafter_time_scale)):
+                            sim = SimSettings(slots=slots, kv_tokens=args.kv_tokens, instances=instances,
+                                              drafter_time_scale=scale)
+                            updates = UpdateCosts(checkpoint_bytes=args.checkpoint_gb * 1e9, transfer=transfer,  # type: ignore[arg-type]
+                                                  link_gbit_s=args.link_gbit, disk_gbyte_s=args.disk_gbyte_s,
+                                                  load_gbyte_s=args.load_gbyte_s, kv=args.kv)
+                            shape = {"traces": path, "responses": which, "instances": instances, "slots": slots,
+                                     "weights": transfer, "drafter_time_scale": scale, "epochs": args.epochs,
+                                     "prompts": len(groups), "stream_groups": len(stream)}
+                            projections += project(args, shape, stream, sim, updates, loops, drafters, placements,
+                                                   vocab, cost, device_kind)
+                            _write(args, cost, device_kind, projections)
+    return 0
+
+
+@dataclass(frozen=True)
+class _Task:
+    """One loop of one drafter to simulate (picklable: it runs in a worker process)."""
+
+    name: str
+    stream: list[LoopGroup]
+    plan: Plan
+    loop: LoopSettings
+    sim: SimSettings
+    vocab: int
+    cost: CostTable
+    device_kind: str
+
+
+def _run_task(task: _Task) -> dict[str, Any]:
+    """One mode's loop simulated: its report, with the simulation's own wall time."""
+    kind, k, config, scheduling = task.plan
+    started = time.perf_counter()
+    result = simulate_loop(task.stream, drafter_factory(kind, task.vocab, config, task.device_kind), k, task.cost,
+                           replace(task.sim, scheduling=scheduling), task.loop, task.name)
+    return {**result.as_dict(), "k": k, "scheduling": scheduling, "simulation_wall_s": time.perf_counter() - started}
+
+
+def _run_all(tasks: list[_Task], jobs: int) -> list[dict[str, Any]]:
+    """Every task's report, in order; ``jobs`` worker processes (1: in this one)."""
+    if jobs <= 1 or len(tasks) <= 1:
+        return [_run_task(task) for task in tasks]
+    with ProcessPoolExecutor(max_workers=min(jobs, len(tasks))) as pool:
+        return list(pool.map(_run_task, tasks))
+
+
+def project(args: argparse.Namespace, shape: dict[str, Any], stream: list[LoopGroup], sim: SimSettings,
+            updates: UpdateCosts, loops: list[str], drafters: dict[str, Plan], placements: list[str], vocab: int,
+            cost: CostTable, device_kind: str) -> list[dict[str, Any]]:
+    """One shape under every placement, training time and staleness bound: a projection each, printed.
+
+    First sync + off per placement (what ``--train-ratio`` is a ratio of), then every loop and drafter,
+    ``--jobs`` at a time.  The sync loops do not depend on the staleness bound: each runs once per
+    placement and training time."""
+    batch = args.batch_groups or shape["prompts"]
+    ratios: list[float | None] = [None] if args.train_s is not None else [float(r) for r in _split(args.train_ratio)]
+    bounds = [_staleness(text) for text in _split(args.max_staleness)]
+    bases = {placement: LoopSettings(loop="sync-wait", steps=0, batch_groups=batch, placement=placement,  # type: ignore[arg-type]
+                                     oversample=args.oversample, max_concurrent_groups=args.max_concurrent_groups,
+                                     updates=updates) for placement in placements}
+    off = ("off", 1, None, "fcfs")
+    baselines = _run_all([_Task("sync-off", stream, off, replace(base, train_s=0.0, steps=_steps(
+        args, stream, batch, "sync-wait")), sim, vocab, cost, device_kind) for base in bases.values()]
+        if any(ratios) else [], args.jobs)
+    sync_off_s = {placement: statistics.mean(report["step_rollout_s"]) if report["step_rollout_s"] else 0.0
+                  for placement, report in zip(bases, baselines, strict=True)}
+    keys: list[tuple[str, float | None, int | None, str]] = []
+    tasks: list[_Task] = []
+    for placement, base in bases.items():
+        for ratio in ratios:
+            train_s = args.train_s if ratio is None else ratio * sync_off_s.get(placement, 0.0)
+            for loop in loops:
+                for bound in bounds if loop == "async-continue" else [None]:
+                    for drafter, plan in drafters.items():
+                        name = f"{MODE_PREFIX[loop]}-{drafter}"
+                        keys.append((placement, ratio, bound, name))
+                        tasks.append(_Task(name, stream, plan, replace(base, loop=loop, train_s=train_s,  # type: ignore[arg-type]
+                                                                       max_staleness=bound, steps=_steps(
+                                                                           args, stream, batch, loop)),
+                                           sim, vocab, cost, device_kind))
+    reports = dict(zip(keys, _run_all(tasks, args.jobs), strict=True))
+    out: list[dict[str, Any]] = []
+    for placement in placements:
+        for ratio in ratios:
+            train_s = args.train_s if ratio is None else ratio * sync_off_s.get(placement, 0.0)
+            for bound in bounds:
+                modes = {name: report for (p, r, b, name), report in reports.items()
+                         if p == placement and r == ratio and (b == bound or not name.startswith("async"))}
+                projection = {**shape, "placement": placement, "batch_groups": batch, "train_ratio": ratio,
+                              "train_s": train_s, "sync_off_rollout_s": sync_off_s.get(placement), "staleness": bound,
+                              "modes": modes}
+                print(format_projection(projection), flush=True)
+                out.append(projection)
+    return out
+
+
+def _steps(args: argparse.Namespace, stream: list[LoopGroup], batch: int, loop: str) -> int:
+    """The steps asked for, or as many as the stream holds (async keeps one batch back: it is in flight)."""
+    if args.steps is not None:
+        return int(args.steps)
+    held = 0 if loop != "async-continue" else batch
+    if loop == "sync-abort":
+        return max(1, len(stream) // max(1, int(batch * (1 + args.oversample) + 0.999)))
+    return max(1, (len(stream) - held) // batch)
+
+
+def format_projection(projection: dict[str, Any]) -> str:
+    """A table: samples/s (and against sync-off), staleness, update time, recomputed tokens, history hits."""
+    modes = projection["modes"]
+    base = next((m["samples_per_s"] for name, m in modes.items() if name == "sync-off"), None)
+    lines = [f"\n== {Path(projection['traces']).name} ({projection['responses']}), {projection['instances']} x "
+             f"{projection['slots']} slots, {projection['placement']}, batch {projection['batch_groups']} groups, "
+             f"train {projection['train_s']:.1f} s (ratio {projection['train_ratio']}), staleness "
+             f"{projection['staleness']}, weights {projection['weights']}, drafter time x"
+             f"{projection['drafter_time_scale']}",
+             f"{'mode':<22}{'samples/s':>10}{'x sync-off':>11}{'wall s':>9}{'update s':>9}{'recomp tok':>11}"
+             f"{'discard tok':>12}{'hit rate':>9}{'MAL':>6}  staleness"]
+    for name, m in modes.items():
+        ratio = m["samples_per_s"] / base if base else float("nan")
+        stale = ",".join(f"{k}:{v}" for k, v in m["staleness"].items())
+        lines.append(f"{name:<22}{m['samples_per_s']:>10.4f}{ratio:>11.2f}{m['wall_s']:>9.0f}{m['update_s']:>9.1f}"
+                     f"{m['recomputed_tokens']:>11}{m['discarded_tokens']:>12}{m['history_hit_rate']:>9.2f}"
+                     f"{m['mean_acceptance_length']:>6.2f}  {stale}")
+    return "\n".join(lines)
+
+
+def _write(args: argparse.Namespace, cost: CostTable, device_kind: str, projections: list[dict[str, Any]]) -> None:
+    if not args.json:
+        return
+    report = {"cost_table": cost.describe(), "device_kind": device_kind, "projections": projections,
+              "options": {key: value for key, value in vars(args).items() if key != "run"}}
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
