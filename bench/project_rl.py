@@ -93,11 +93,12 @@ def print_table(projections: list[dict[str, Any]]) -> None:
 
 
 def plot(projections: list[dict[str, Any]], path: Path) -> None:
-    """Samples/s of the key modes, one panel per run and training ratio (affine, staleness 1, shared disk)."""
+    """Samples/s of the key modes, one panel per run and training ratio (affine, staleness 1, shared disk, every
+    key mode run)."""
     from plotting import save, subplots
 
     shown = [p for p in projections if p["placement"] == "affine" and p["staleness"] == 1
-             and p["weights"] == "shared-disk"]
+             and p["weights"] == "shared-disk" and set(KEY_MODES) <= set(p["modes"])]
     fig, axes = subplots(1, max(1, len(shown)), figsize=(3.2 * max(1, len(shown)), 3.8), squeeze=False)
     for ax, p in zip(axes.flat, shown, strict=False):
         rates = [p["modes"][m]["samples_per_s"] if m in p["modes"] else 0.0 for m in KEY_MODES]
@@ -117,6 +118,8 @@ def main() -> None:
     parser.add_argument("--tokenizer", help="default: the built-in model's (`samrollout model smollm2`)")
     parser.add_argument("--json", type=Path, default=HERE / "results" / "projected-rl-h100.json")
     parser.add_argument("--plot", type=Path)
+    parser.add_argument("--append", action="store_true",
+                        help="keep the projections of other runs already in --json (a run named again is replaced)")
     args = parser.parse_args()
     if args.tokenizer is None:
         from samrollout.models import ensure_smollm2
@@ -124,6 +127,8 @@ def main() -> None:
         args.tokenizer = str(ensure_smollm2())
     wanted = set(args.runs.split(","))
     projections: list[dict[str, Any]] = []
+    if args.append and args.json.exists():
+        projections = [p for p in json.loads(args.json.read_text())["projections"] if p["run"] not in wanted]
     with tempfile.TemporaryDirectory() as work:
         for name, arguments in RUNS:
             if name in wanted:

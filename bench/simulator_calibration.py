@@ -137,19 +137,22 @@ def compare(summary: dict[str, Any], rounds: list[dict[str, Any]]) -> dict[str, 
                                                                                    strict=True)]}
 
 
-def ranking_kept(modes: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """Pairs whose measured medians differ by more than both modes' round spreads: is their order simulated?"""
+def ranking_kept(modes: dict[str, dict[str, Any]], measured: str = "measured_s", spread: str = "measured_range_s",
+                 simulated: str = "simulated_s") -> dict[str, Any]:
+    """Pairs whose measured medians differ by more than both modes' round spreads: is their order simulated?
+
+    ``measured``, ``spread`` and ``simulated`` name each mode's median, its rounds' [low, high] and the
+    simulated value (bench/simulator_rl_calibration.py keeps samples/s under other names)."""
     names = list(modes)
     checked, kept, broken = 0, 0, []
     for i, a in enumerate(names):
         for b in names[i + 1:]:
             ma, mb = modes[a], modes[b]
-            spread = max(ma["measured_range_s"][1] - ma["measured_range_s"][0],
-                         mb["measured_range_s"][1] - mb["measured_range_s"][0])
-            if abs(ma["measured_s"] - mb["measured_s"]) <= spread:
+            width = max(ma[spread][1] - ma[spread][0], mb[spread][1] - mb[spread][0])
+            if abs(ma[measured] - mb[measured]) <= width:
                 continue
             checked += 1
-            if (ma["measured_s"] < mb["measured_s"]) == (ma["simulated_s"] < mb["simulated_s"]):
+            if (ma[measured] < mb[measured]) == (ma[simulated] < mb[simulated]):
                 kept += 1
             else:
                 broken.append([a, b])

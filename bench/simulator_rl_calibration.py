@@ -40,6 +40,8 @@ from typing import Any
 
 import numpy as np
 
+from simulator_calibration import ranking_kept
+
 HERE = Path(__file__).resolve().parent
 VOCAB = 49152  # SmolLM2's
 
@@ -109,25 +111,6 @@ def compare(mode: str, measured_rounds: list[dict[str, Any]], simulated: list[di
             "simulated_mal": median(r["mean_acceptance_length"] for r in simulated)}
 
 
-def ranking_kept(modes: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """Pairs whose measured medians differ by more than both modes' round spreads: is their order simulated?"""
-    names = list(modes)
-    checked, kept, broken = 0, 0, []
-    for i, a in enumerate(names):
-        for b in names[i + 1:]:
-            ma, mb = modes[a], modes[b]
-            spread = max(ma["measured_range"][1] - ma["measured_range"][0],
-                         mb["measured_range"][1] - mb["measured_range"][0])
-            if abs(ma["measured"] - mb["measured"]) <= spread:
-                continue
-            checked += 1
-            if (ma["measured"] < mb["measured"]) == (ma["simulated"] < mb["simulated"]):
-                kept += 1
-            else:
-                broken.append([a, b])
-    return {"pairs_checked": checked, "pairs_kept": kept, "pairs_broken": broken}
-
-
 def measure(args: argparse.Namespace, work: Path) -> None:
     """Steps 1 and 2: the cost table and the bench's rounds, into ``work``."""
     bind = {"VLLM_CPU_OMP_THREADS_BIND": "0"} if args.servers > 1 else None
@@ -167,7 +150,7 @@ def main() -> None:
                                                          report["settings"]["max_tokens"], i),
                                     measured, i, work / "engine-cost.json", checkpoint) for i in range(len(rounds))]
         modes[mode] = compare(mode, rounds, simulated)
-    ranking = ranking_kept(modes)
+    ranking = ranking_kept(modes, "measured", "measured_range", "simulated")
     print(f"\n{'mode':<16}{'measured samples/s':>19}{'rounds':>22}{'simulated':>11}{'error':>8}"
           f"{'rollout s m/s':>15}{'recomputed m/s':>18}")
     for mode, row in modes.items():

@@ -178,14 +178,15 @@ def run(args: argparse.Namespace) -> int:
                                            charge_drafter=not args.no_drafter_time)
                     projections.append(project(path, which, groups, earlier, settings, plans, vocab, cost,
                                                device_kind))
-                    _write(args, cost, device_kind, projections)  # after each projection: a long run keeps them
+                    write_report(args, cost, device_kind, projections)  # after each projection: a long run keeps them
     if args.plot:
         write_plot(args.plot, projections)
     return 0
 
 
-def _write(args: argparse.Namespace, cost: CostTable, device_kind: str, projections: list[dict[str, Any]]) -> None:
-    """The JSON report of the projections so far (when --json is given)."""
+def write_report(args: argparse.Namespace, cost: CostTable, device_kind: str,
+                 projections: list[dict[str, Any]]) -> None:
+    """The JSON report of the projections so far, with the command's options (when --json is given)."""
     if not args.json:
         return
     report = {"cost_table": cost.describe(), "device_kind": device_kind, "projections": projections,

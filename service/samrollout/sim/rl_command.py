@@ -15,7 +15,6 @@ on the same instance (history is never a copy, and never the response itself).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -27,7 +26,7 @@ from typing import Any
 
 from samrollout.config import SpeculationConfig
 from samrollout.replay.traces import ResponseFilter, TraceError, load_traces, select, split_paths, vocab_size
-from samrollout.sim.command import drafter_factory, mode_settings
+from samrollout.sim.command import drafter_factory, mode_settings, write_report
 from samrollout.sim.cost import CostTable
 from samrollout.sim.rl_loop import (
     SIM_PLACEMENTS,
@@ -141,7 +140,7 @@ def run(args: argparse.Namespace) -> int:
                                      "prompts": len(groups), "stream_groups": len(stream)}
                             projections += project(args, shape, stream, sim, updates, loops, drafters, placements,
                                                    vocab, cost, device_kind)
-                            _write(args, cost, device_kind, projections)
+                            write_report(args, cost, device_kind, projections)
     return 0
 
 
@@ -195,7 +194,7 @@ def project(args: argparse.Namespace, shape: dict[str, Any], stream: list[LoopGr
         args, stream, batch, "sync-wait")), sim, vocab, cost, device_kind) for base in bases.values()]
         if any(ratios) else [], args.jobs)
     sync_off_s = {placement: statistics.mean(report["step_rollout_s"]) if report["step_rollout_s"] else 0.0
-                  for placement, report in zip(bases, baselines, strict=True)}
+                  for placement, report in zip(bases, baselines, strict=True)} if baselines else {}
     keys: list[tuple[str, float | None, int | None, str]] = []
     tasks: list[_Task] = []
     for placement, base in bases.items():
@@ -256,10 +255,3 @@ def format_projection(projection: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _write(args: argparse.Namespace, cost: CostTable, device_kind: str, projections: list[dict[str, Any]]) -> None:
-    if not args.json:
-        return
-    report = {"cost_table": cost.describe(), "device_kind": device_kind, "projections": projections,
-              "options": {key: value for key, value in vars(args).items() if key != "run"}}
-    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
