@@ -25,8 +25,9 @@ Modes (servers started once, then every round runs every mode in a rotated order
 - ``2x-least-outstanding``, ``2x-predicted-work``: two length-aware + SAM servers with half the
   slots each, each pinned to its own half of the cores (`pinned_server`: as two machines
   would be, so that one server's idle time is not the other's gain); groups placed as the
-  client does (`samrollout_client.placement`): alternately (least outstanding, all groups
-  start at once) or longest predicted first onto the least loaded, predicted from the
+  client does (`samrollout_client.placement`): alternately in the order they are sent (least
+  outstanding, all groups start at once; the order is drawn anew each round, so a group does not
+  keep its server by accident) or longest predicted first onto the least loaded, predicted from the
   client's history of earlier rounds;
 - ``2x-affine``: the client's default placement (history-affine: rendezvous hashing of the prompt
   with bounded loads, the step's groups placed as one batch, `samrollout_client.placement.plan_affine`),
@@ -533,8 +534,10 @@ def placement_of(mode: str, history: Any, groups: int, group_size: int, step: li
         predicted = [history.predict(str(g)) for g in range(groups)]
         placement: list[int] = place_by_predicted_work([None if p is None else p * group_size for p in predicted], 2)
         return placement
-    if mode == "2x-least-outstanding":
-        return [g % 2 for g in range(groups)]
+    if mode == "2x-least-outstanding":  # all groups start at once: alternately, in the order they are sent
+        sent = list(dict.fromkeys(r.group for r in step)) if step is not None else list(range(groups))
+        alternate = {g: i % 2 for i, g in enumerate(sent)}
+        return [alternate[g] for g in range(groups)]
     return [0] * groups
 
 

@@ -149,15 +149,25 @@ def place_affine(identity: str, endpoints: Sequence[str], loads: Sequence[float]
 
 def plan_affine(identities: Sequence[str], endpoints: Sequence[str], loads: Sequence[float],
                 works: Sequence[float], factor: float = AFFINE_LOAD_FACTOR) -> list[int]:
-    """An endpoint index per group of a batch placed at once (`place_affine`, in order), the bound shared out over
-    the work in flight and the whole batch's."""
+    """An endpoint index per group of a batch placed at once (`place_affine`), the bound shared out over the work
+    in flight and the whole batch's.
+
+    The groups are placed in an order of their own, not the batch's: the strongest preferences first (the
+    largest gap between a prompt's first and second endpoint weights), so that the same prompts land alike
+    however a data loader orders them, and those that give way to the bound are the ones that care least."""
     if len(identities) != len(works):
         raise ValueError(f"{len(identities)} groups but {len(works)} works")
     held = list(loads)
     total = sum(held) + sum(works)
-    chosen = []
-    for identity, work in zip(identities, works, strict=True):
-        index = place_affine(identity, endpoints, held, work, factor, total)
-        held[index] += work
-        chosen.append(index)
+    chosen = [0] * len(identities)
+    for g in sorted(range(len(identities)), key=lambda g: (-_preference(identities[g], endpoints), identities[g])):
+        index = place_affine(identities[g], endpoints, held, works[g], factor, total)
+        held[index] += works[g]
+        chosen[g] = index
     return chosen
+
+
+def _preference(identity: str, endpoints: Sequence[str]) -> int:
+    """How strongly the prompt prefers its first endpoint: its weight there less its second best (one endpoint: 0)."""
+    weights = sorted((rendezvous_weight(identity, e) for e in endpoints), reverse=True)
+    return weights[0] - weights[1] if len(weights) > 1 else 0
