@@ -35,6 +35,7 @@ from samrollout.sim.rl_loop import (
     LoopSettings,
     UpdateCosts,
     epoch_stream,
+    groups_sent,
     simulate_loop,
 )
 from samrollout.sim.state import SimSettings
@@ -231,7 +232,8 @@ def _steps(args: argparse.Namespace, stream: list[LoopGroup], batch: int, loop: 
         return int(args.steps)
     held = 0 if loop != "async-continue" else batch
     if loop == "sync-abort":
-        return max(1, len(stream) // max(1, int(batch * (1 + args.oversample) + 0.999)))
+        return max(1, len(stream) // groups_sent(LoopSettings(loop="sync-abort", steps=0, batch_groups=batch,
+                                                              oversample=args.oversample)))
     return max(1, (len(stream) - held) // batch)
 
 

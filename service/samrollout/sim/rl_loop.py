@@ -187,7 +187,6 @@ class _Held:
     source: LoopGroup
     instance: SimInstance
     sequences: list[SimSequence]
-    placed_s: float
 
     @property
     def complete(self) -> bool:
@@ -260,7 +259,7 @@ class _Cluster:
                               prompt_key=f"p{source.prompt_index}", ready_s=now)
             self._next_index += 1
             sequences.append(seq)
-        held = _Held(source, instance, sequences, now)
+        held = _Held(source, instance, sequences)
         for seq in sequences:
             self._held_of[seq.index] = held
         self.admission.enqueue(instance, sequences, f"g{source.stream_index}")
@@ -319,6 +318,11 @@ class _Cluster:
         return at_s + pause
 
 
+def groups_sent(loop: LoopSettings) -> int:
+    """Groups a synchronous step places: the batch, or (``sync-abort``) the batch and its over-sample."""
+    return loop.batch_groups if loop.loop != "sync-abort" else math.ceil(loop.batch_groups * (1 + loop.oversample))
+
+
 def simulate_loop(stream: Sequence[LoopGroup], drafter_factory: Callable[[], ReplayDrafter] | None, k: int,
                   cost: CostTable, sim: SimSettings, loop: LoopSettings, mode: str = "") -> LoopResult:
     """Run ``loop.steps`` trainer steps of ``loop.loop`` over ``stream``; what the trainer got and when."""
@@ -335,7 +339,7 @@ async def _run_sync(stream: Sequence[LoopGroup], drafter_factory: Callable[[], R
     # Inside an event loop: the length-aware scheduler is the server's own, which hands out futures.
     result = LoopResult(loop=mode or loop.loop)
     cluster = _Cluster(drafter_factory, k, cost, sim, loop.placement, result)
-    sent = loop.batch_groups if loop.loop == "sync-wait" else math.ceil(loop.batch_groups * (1 + loop.oversample))
+    sent = groups_sent(loop)
     now, taken = 0.0, 0
     for _ in range(loop.steps):
         if taken >= len(stream):
@@ -430,15 +434,11 @@ class _PartialRollout:
         """The complete groups."""
         return [h for h in self.held if h.complete]
 
-    def ready_count(self) -> int:
-        """How many held groups are complete."""
-        return sum(1 for h in self.held if h.complete)
-
     def wait_for_batch(self, now: float) -> float | None:
         """Step the engines until a batch is complete; when it was (None: the stream ran dry first)."""
         want = self.loop.batch_groups
         ready_s = now
-        ready = self.ready_count()
+        ready = len(self.ready())
         while ready < want:
             finished = self.cluster.step()
             if finished is None:
@@ -446,7 +446,7 @@ class _PartialRollout:
             if not finished:
                 continue
             self.judge_finished(finished)
-            ready = self.ready_count()
+            ready = len(self.ready())
             if finished:
                 ready_s = max(ready_s, max(seq.finish_s for seq in finished))
         return ready_s
