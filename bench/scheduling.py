@@ -30,7 +30,8 @@ Modes (servers started once, then every round runs every mode in a rotated order
   keep its server by accident) or longest predicted first onto the least loaded, predicted from the
   client's history of earlier rounds;
 - ``2x-affine``: the client's default placement (history-affine: rendezvous hashing of the prompt
-  with bounded loads, the step's groups placed as one batch, `samrollout_client.placement.plan_affine`),
+  with bounded loads, the step's groups placed as one batch and weighed by their lengths in earlier
+  rounds, `samrollout_client.placement.plan_affine`),
   on a pair of servers of its own, so that what their histories hold is its own doing.  Every
   paired mode's rounds record the pair's history hits (groups whose prompt had earlier responses
   in the server's history, ``samrollout_drafter_history_hit_groups_total`` over
@@ -520,14 +521,15 @@ def placement_of(mode: str, history: Any, groups: int, group_size: int, step: li
     ``history`` is the client's `LengthHistory` of earlier rounds (predicted-work placement reads it);
     ``step`` (the round's arrival order) and ``urls`` are what affine placement hashes and places in.
     """
-    from samrollout_client.placement import place_by_predicted_work, plan_affine
+    from samrollout_client.placement import place_by_predicted_work, plan_affine, work_shares
     from samrollout_client.prompt_identity import prompt_id
 
-    if mode == "2x-affine":
+    if mode == "2x-affine":  # as the client's generate: the lengths of earlier rounds weigh the groups
         assert step is not None and urls is not None
         first = {r.group: r.prompt for r in reversed(step)}  # a group is known by its first sibling's prompt
         order = list(dict.fromkeys(r.group for r in step))
-        chosen = plan_affine([prompt_id(first[g]) for g in order], urls, [0] * len(urls), [group_size] * len(order))
+        works = work_shares([history.predict(str(g)) for g in order], group_size)
+        chosen = plan_affine([prompt_id(first[g]) for g in order], urls, [0] * len(urls), works)
         by_group = dict(zip(order, chosen, strict=True))
         return [by_group[g] for g in range(groups)]
     if mode in ("2x-predicted-work", "2x-divided"):

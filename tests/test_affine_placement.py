@@ -16,11 +16,13 @@ import pytest
 
 from samrollout_client.placement import (
     AFFINE_LOAD_FACTOR,
+    BATCH_LOAD_FACTOR,
     affine_load_bound,
     place_affine,
     plan_affine,
     rendezvous_ranking,
     rendezvous_weight,
+    work_shares,
 )
 from samrollout_client.prompt_identity import prompt_id
 
@@ -142,6 +144,27 @@ def test_a_batch_placed_at_once_keeps_its_prompts_on_their_servers_across_steps(
     for order in steps:
         chosen = plan_affine(order, endpoints, [0, 0], [8] * len(order))
         homes.append(dict(zip(order, chosen, strict=True)))
-        assert max(Counter(chosen).values()) * 8 <= math.ceil(AFFINE_LOAD_FACTOR * 8 * len(order) / 2)
+        assert max(Counter(chosen).values()) * 8 <= math.ceil(BATCH_LOAD_FACTOR * 8 * len(order) / 2)
     moved = sum(homes[0][p] != later[p] for later in homes[1:] for p in step_prompts)
     assert moved == 0  # (placed group by group, 8 of these 60 move)
+
+
+def test_a_batch_weighed_by_its_predicted_lengths_shares_the_long_groups_out() -> None:
+    # Heavy-tailed group lengths (as a reasoning step's): counted as 8 requests each, the long groups can pile
+    # up on one server within the bound; weighed by the lengths the client saw before, no server takes more
+    # than its bound of the step's predicted tokens, and the same prompts still land alike in any order.
+    endpoints = urls(2)
+    prompts = PROMPTS[:16]
+    lengths = [38, 42, 42, 72, 150, 176, 193, 232, 265, 359, 482, 493, 537, 593, 603, 768]
+    works = work_shares([float(n) for n in lengths], 8)
+    assert sum(works) == pytest.approx(8 * len(prompts))
+    chosen = plan_affine(prompts, endpoints, [0, 0], works)
+    tokens = [sum(n for n, c in zip(lengths, chosen, strict=True) if c == e) for e in range(2)]
+    assert max(tokens) <= BATCH_LOAD_FACTOR * sum(lengths) / 2 + max(lengths) / 8
+    reordered = plan_affine(list(reversed(prompts)), endpoints, [0, 0], list(reversed(works)))
+    assert list(reversed(reordered)) == chosen
+
+
+def test_groups_of_unknown_length_count_as_their_size() -> None:
+    assert work_shares([None, None], 8) == [8.0, 8.0]
+    assert work_shares([100.0, None, 300.0], 4) == [2.0, 4.0, 6.0]

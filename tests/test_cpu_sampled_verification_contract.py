@@ -85,7 +85,11 @@ def test_the_patched_function_takes_the_kernels_parameters(v032: Path) -> None:
 
 
 def test_the_released_expand_leaves_float_and_int32_outputs_unwritten_and_the_patch_fills_them(v032: Path) -> None:
-    import vllm._C  # noqa: F401  (the installed C++ op the released function calls)
+    from vllm.platforms import current_platform
+
+    # The installed C++ op the released function calls, loaded as the platform loads it: the library built for
+    # this CPU (_C, _C_AVX512 or _C_AVX2); importing another one beside it registers its ops twice and aborts.
+    current_platform.import_kernels()
 
     released = _released_cpu_triton_utils(v032)
     cu_num_tokens = torch.tensor([2, 3], dtype=torch.int32)

@@ -131,6 +131,18 @@ def test_affine_placement_brings_a_prompt_back_to_the_instance_that_holds_its_hi
     assert affine.step_rollout_s[0] == pytest.approx(spread.step_rollout_s[0], rel=0.05)
 
 
+def test_a_partial_rollout_under_affine_placement_brings_every_prompt_back_to_its_history() -> None:
+    # The load bound counts each request in flight once: asynchronous steps keep two batches in flight on
+    # two instances, well within the bound, so every prompt of the second epoch returns to its instance.
+    # (Counting a group's requests once per sibling, 6 of these 31 were pushed off.)
+    stream = epoch_stream(_prompts(32, [60, 60], repeat_epochs=True), 2)
+    settings = SimSettings(slots=64, instances=2, charge_drafter=False)
+    result = simulate_loop(stream, _ours(), 3, flat_table(), settings,
+                           _loop("async-continue", 7, 8, placement="affine", max_staleness=None))
+    assert result.history_groups >= 24
+    assert result.history_hits == result.history_groups
+
+
 def test_a_response_is_never_its_own_history() -> None:
     # One epoch of random responses: nothing earlier to draft from, so drafts almost never land,
     # however many steps and restarts (a restarted sample does not draft its own discarded text).

@@ -8,7 +8,10 @@ by) with bounded loads.  Endpoints are ranked by a stable hash of (prompt identi
 endpoint); the group goes to the highest-ranked endpoint that is up and would stay within
 `AFFINE_LOAD_FACTOR` (1.25) times its share of the requests in flight, this group
 included (`affine_load_bound`), else down the ranking; when every endpoint is past the
-bound (a few groups in flight), to the least loaded.  A server joining or leaving moves
+bound (a few groups in flight), to the least loaded.  A step's batch is placed as a whole
+(`plan_affine`) within `BATCH_LOAD_FACTOR` (1.1) of each endpoint's share, each group
+weighed by its predicted length when the client has seen the prompt (`work_shares`), so
+that a step's long groups do not pile up on one endpoint.  A server joining or leaving moves
 about 1/N of the prompts (only the leaving server's prompts, when loads are light).
 
 ``least-outstanding`` sends each group to the endpoint with the fewest requests in flight
@@ -37,6 +40,11 @@ DEFAULT_PLACEMENT: Placement = "affine"
 # The most an endpoint may hold under ``affine`` placement, as a multiple of its share of the work in flight
 # (consistent hashing with bounded loads, Mirrokni et al. 2018; HAProxy's hash-balance-factor 125).
 AFFINE_LOAD_FACTOR = 1.25
+# The bound of a batch placed as a whole (`plan_affine`): it sees all of its work at once, so it can share it
+# out closely without moving a prompt by the accident of arrival order; the same prompts land alike every
+# step, and a step's makespan is set by its most loaded endpoint (bench/scheduling.py: 1.25 left one of two
+# servers 1.1-1.3x its share of the tokens, about 12% longer steps than least-outstanding).
+BATCH_LOAD_FACTOR = 1.1
 # BLAKE2b personalisation of the rendezvous weights: no other hash in samrollout collides with them by design.
 _RENDEZVOUS_PERSON = b"samrollout.hrw"
 
@@ -147,10 +155,25 @@ def place_affine(identity: str, endpoints: Sequence[str], loads: Sequence[float]
     return min(ranking, key=lambda index: loads[index])
 
 
+def work_shares(predicted: Sequence[float | None], group_size: int) -> list[float]:
+    """Each group's work in requests, so that it adds up with the requests in flight: ``group_size`` scaled by
+    its predicted response length (`LengthHistory`) over the mean prediction of the batch.
+
+    A group of unknown length counts as ``group_size``; so does every group when none is known.
+    """
+    known = [p for p in predicted if p is not None and p > 0]
+    if not known:
+        return [float(group_size)] * len(predicted)
+    mean = sum(known) / len(known)
+    return [group_size * (p / mean if p is not None and p > 0 else 1.0) for p in predicted]
+
+
 def plan_affine(identities: Sequence[str], endpoints: Sequence[str], loads: Sequence[float],
-                works: Sequence[float], factor: float = AFFINE_LOAD_FACTOR) -> list[int]:
-    """An endpoint index per group of a batch placed at once (`place_affine`), the bound shared out over the work
-    in flight and the whole batch's.
+                works: Sequence[float], factor: float = BATCH_LOAD_FACTOR, total: float | None = None) -> list[int]:
+    """An endpoint index per group of a batch placed at once (`place_affine`), the bound (``factor``, default
+    `BATCH_LOAD_FACTOR`) shared out over the work in flight and the whole batch's, or over ``total`` when that
+    is more (the requests a partial rollout keeps in flight).  ``works``: each group's work in requests, from
+    `work_shares` when lengths are predicted, so that the long groups are shared out too.
 
     The groups are placed in an order of their own, not the batch's: the strongest preferences first (the
     largest gap between a prompt's first and second endpoint weights), so that the same prompts land alike
@@ -158,7 +181,7 @@ def plan_affine(identities: Sequence[str], endpoints: Sequence[str], loads: Sequ
     if len(identities) != len(works):
         raise ValueError(f"{len(identities)} groups but {len(works)} works")
     held = list(loads)
-    total = sum(held) + sum(works)
+    total = max(sum(held) + sum(works), total or 0.0)
     chosen = [0] * len(identities)
     for g in sorted(range(len(identities)), key=lambda g: (-_preference(identities[g], endpoints), identities[g])):
         index = place_affine(identities[g], endpoints, held, works[g], factor, total)

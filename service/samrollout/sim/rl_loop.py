@@ -48,7 +48,7 @@ from samrollout.sim.admission import Admission
 from samrollout.sim.cost import CostTable
 from samrollout.sim.engine_step import EngineCounters, advance
 from samrollout.sim.state import SimInstance, SimSequence, SimSettings
-from samrollout_client.placement import place_affine
+from samrollout_client.placement import LengthHistory, place_affine, plan_affine, work_shares
 
 Loop = Literal["sync-wait", "sync-abort", "async-continue"]
 LOOPS: tuple[Loop, ...] = get_args(Loop)
@@ -211,6 +211,7 @@ class _Cluster:
         self.version = 0
         self._next_index = 0
         self._held_of: dict[int, _Held] = {}
+        self.lengths = LengthHistory()  # the client's: response lengths of the groups it was handed
 
     def busy(self, instance: SimInstance) -> bool:
         """Whether the instance has sequences to run."""
@@ -218,8 +219,8 @@ class _Cluster:
 
     def outstanding(self, instance: SimInstance) -> int:
         """Sequences placed on the instance and not finished (the client's requests in flight there)."""
-        return sum(1 for held in self._held_of.values() if held.instance is instance
-                   for seq in held.sequences if not seq.done)
+        held_here = {id(held): held for held in self._held_of.values() if held.instance is instance}
+        return sum(1 for held in held_here.values() for seq in held.sequences if not seq.done)
 
     def place_batch(self, sources: Sequence[LoopGroup], now: float, in_flight: float | None = None) -> list[_Held]:
         """Start these groups at time ``now``, placed as the client places a batch (``affine``: the load bound
@@ -228,8 +229,14 @@ class _Cluster:
                 zip(sources, self._targets(sources, in_flight), strict=True)]
 
     def _targets(self, sources: Sequence[LoopGroup], in_flight: float | None) -> list[int]:
-        """The instance of each group: its recorded home, else the placement's choice."""
+        """The instance of each group: its recorded home, else the placement's choice (the client's: a batch as a
+        whole with `plan_affine`, weighed by the lengths it was handed before; a partial rollout's groups one by
+        one with `place_affine` and the bound shared out over ``in_flight``)."""
         loads = [float(self.outstanding(i)) for i in self.instances]
+        if self.placement == "affine" and in_flight is None and all(s.home is None for s in sources):
+            works = work_shares([self.lengths.predict(_identity(s)) for s in sources],
+                                max(len(s.responses) for s in sources))
+            return plan_affine([_identity(s) for s in sources], self.names, loads, works)
         works = [float(len(source.responses)) for source in sources]
         total = max(sum(loads) + sum(works), in_flight or 0.0)
         targets = []
@@ -237,7 +244,7 @@ class _Cluster:
             if source.home is not None:
                 target = source.home
             elif self.placement == "affine":
-                target = place_affine(f"p{source.prompt_index}", self.names, loads, work, total=total)
+                target = place_affine(_identity(source), self.names, loads, work, total=total)
             else:
                 target = min(range(len(self.instances)), key=lambda i: loads[i])
             loads[target] += work
@@ -267,7 +274,11 @@ class _Cluster:
         return held
 
     def forget(self, held: _Held) -> None:
-        """The group was returned or given up: its sequences are no longer this client's."""
+        """The group was returned or given up: its sequences are no longer this client's (the client remembers
+        the lengths of those that finished, as `samrollout_client.client.SamrolloutClient.generate` does)."""
+        lengths = [len(seq.truth) for seq in held.sequences if seq.done]
+        if lengths:
+            self.lengths.record(_identity(held.source), lengths)
         for seq in held.sequences:
             self._held_of.pop(seq.index, None)
 
@@ -316,6 +327,11 @@ class _Cluster:
                 seq.draft = []  # the drafters start again on the new weights
         self.version += 1
         return at_s + pause
+
+
+def _identity(source: LoopGroup) -> str:
+    """What placement knows a prompt by (the client hashes the prompt's identity; the simulator its index)."""
+    return f"p{source.prompt_index}"
 
 
 def groups_sent(loop: LoopSettings) -> int:
