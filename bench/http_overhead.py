@@ -133,10 +133,11 @@ def vllm_serve_command(model: str, args: argparse.Namespace) -> tuple[Callable[[
     from vllm.platforms import current_platform
 
     from samrollout.cpu_defaults import THREADS_BIND_ENV, worker_threads_bind
+    from samrollout.server.runtime import platform_device_kind
     from samrollout.server.vllm_argv import vllm_argv
 
     settings = _settings(model, args, speculation=False)
-    ours = vllm_argv(settings, model, current_platform.is_cpu(), per_request_metrics_flags=False)
+    ours = vllm_argv(settings, model, platform_device_kind(), per_request_metrics_flags=False)
     keep = {"--dtype", "--gpu-memory-utilization", "--max-model-len", "--seed", "--tensor-parallel-size"}
     engine_flags = [flag for i, flag in enumerate(ours) if flag in keep or (i > 0 and ours[i - 1] in keep)]
     engine_flags += [flag for flag in ours if flag in ("--enforce-eager", "--no-enable-chunked-prefill")]

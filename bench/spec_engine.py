@@ -34,8 +34,13 @@ os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # collective_rp
 
 MODES: dict[str, dict[str, Any] | None] = {
     "off": None,
-    # The default: the static threshold, and confident drafts past it (confident_match 8, see below).
+    # The server's defaults on this device (`ServerSettings().speculation_config`).
+    "sam-default": {"method": "sam", "server_defaults": True},
+    # The static threshold, and confident drafts past it (confident_match 8, see below): the CPU default.
     "sam-static": {"method": "sam", "threshold_mode": "static"},
+    # A draft range: k drafts while at most 32 requests run, none above (what drafting always is for the
+    # 32-request rollout).
+    "sam-range-32": {"method": "sam", "threshold_mode": "static", "draft_range": ((32, 3),)},
     # The static threshold alone (the default until 2026-11-26): nothing drafts past it.
     "sam-static-only": {"method": "sam", "threshold_mode": "static", "confident_match": 0},
     "sam-adaptive": {"method": "sam", "threshold_mode": "adaptive"},
@@ -87,12 +92,19 @@ def _engine_args(mode: str, k: int, threshold: int) -> dict[str, Any]:
     if setting["method"] == "suffix":  # vLLM's SuffixDecoding (arctic-inference), its defaults
         return engine_kwargs(model, None, speculative_config={"method": "suffix", "num_speculative_tokens": k},
                              **base)
+    if setting.get("server_defaults"):
+        from samrollout.server.runtime import platform_device_kind
+        from samrollout.server.settings import ServerSettings
+
+        return engine_kwargs(model, ServerSettings(k=k, threshold=threshold).speculation_config(
+            platform_device_kind()), **base)
     from samrollout.drafter import DraftPolicy
 
     policy = DraftPolicy(min_match_length=setting.get("min_match_length", "auto"),
                          max_global_tokens=setting.get("max_global_tokens", DraftPolicy.max_global_tokens))
     config = SpeculationConfig(k=k, threshold_mode=setting["threshold_mode"], threshold=threshold, policy=policy,
-                               confident_match=setting.get("confident_match", SpeculationConfig.confident_match))
+                               confident_match=setting.get("confident_match", SpeculationConfig.confident_match),
+                               draft_range=setting.get("draft_range"))
     return engine_kwargs(model, config, **base)
 
 

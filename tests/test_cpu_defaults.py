@@ -56,11 +56,11 @@ def test_placing_the_worker_threads_sets_the_binding_and_keeps_the_users(monkeyp
 
 
 def test_cpu_engines_run_eager_with_chunked_prefill_unless_asked_otherwise() -> None:
-    argv = vllm_argv(ServerSettings(), "/m", on_cpu=True)
+    argv = vllm_argv(ServerSettings(), "/m", "cpu")
     assert "--enforce-eager" in argv
     assert "--no-enable-chunked-prefill" not in argv
     assert argv[argv.index("--dtype") + 1] == cpu_dtype("auto")
-    assert "--enforce-eager" not in vllm_argv(ServerSettings(compile=True), "/m", on_cpu=True)
-    assert "--enforce-eager" not in vllm_argv(ServerSettings(), "/m", on_cpu=False)
-    assert "--no-enable-chunked-prefill" in vllm_argv(ServerSettings(chunked_prefill=False), "/m", on_cpu=True)
-    assert vllm_argv(ServerSettings(dtype="bfloat16"), "/m", on_cpu=True)[argv.index("--dtype") + 1] == "bfloat16"
+    assert "--enforce-eager" not in vllm_argv(ServerSettings(compile=True), "/m", "cpu")
+    assert "--enforce-eager" not in vllm_argv(ServerSettings(), "/m", "cuda")
+    assert "--no-enable-chunked-prefill" in vllm_argv(ServerSettings(chunked_prefill=False), "/m", "cpu")
+    assert vllm_argv(ServerSettings(dtype="bfloat16"), "/m", "cpu")[argv.index("--dtype") + 1] == "bfloat16"

@@ -133,9 +133,9 @@ def test_replay_with_history_accepts_more_than_without_on_the_same_rollout():
 
 
 def test_history_is_on_by_default_bounded_and_can_be_turned_off():
-    on = ServerSettings().speculation_config()
+    on = ServerSettings().speculation_config("cpu")
     assert on is not None and on.history_tokens == SpeculationConfig().history_tokens > 0
-    off = ServerSettings(draft_history_tokens=0, draft_history_responses=2).speculation_config()
+    off = ServerSettings(draft_history_tokens=0, draft_history_responses=2).speculation_config("cpu")
     assert off is not None and off.history_tokens == 0 and off.history_responses == 2
     assert SpeculationConfig.from_json(off.to_json()) == off
     with pytest.raises(ValueError):

@@ -38,25 +38,26 @@ def _speculation_in_argv(argv: list[str]) -> SpeculationConfig:
 
 def test_draft_policy_flag_reaches_the_engine_and_keeps_other_defaults() -> None:
     settings = ServerSettings(draft_policy={"min_match_length": 2, "source": "own"})
-    policy = _speculation_in_argv(vllm_argv(settings, "m", on_cpu=True)).policy
+    policy = _speculation_in_argv(vllm_argv(settings, "m", "cpu")).policy
     assert policy == DraftPolicy(min_match_length=2, source="own")
 
 
 def test_draft_policy_is_read_from_its_environment_variable(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SAMROLLOUT_DRAFT_POLICY", '{"occurrence": "first"}')
-    policy = _speculation_in_argv(vllm_argv(ServerSettings(), "m", on_cpu=False)).policy
+    policy = _speculation_in_argv(vllm_argv(ServerSettings(), "m", "cuda")).policy
     assert policy.occurrence == "first"
 
 
-def test_draft_range_flag_reaches_the_engine_and_auto_drafts_long_only_on_cuda(
+def test_draft_range_flag_reaches_the_engine_and_auto_is_each_devices_projected_default(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    explicit = _speculation_in_argv(vllm_argv(_settings("--draft-range", "2:16,8:8"), "m", on_cpu=True))
+    explicit = _speculation_in_argv(vllm_argv(_settings("--draft-range", "2:16,8:8"), "m", "cpu"))
     assert explicit.draft_range == ((2, 16), (8, 8))
     auto = ServerSettings()
-    assert _speculation_in_argv(vllm_argv(auto, "m", on_cpu=True)).draft_range is None  # CPU: --k up to --threshold
-    assert _speculation_in_argv(vllm_argv(auto, "m", on_cpu=False, on_cuda=True)).draft_range == ((32, 8), (256, 3))
+    assert _speculation_in_argv(vllm_argv(auto, "m", "cpu")).draft_range is None  # CPU: --k up to --threshold
+    assert _speculation_in_argv(vllm_argv(auto, "m", "npu")).draft_range is None
+    assert _speculation_in_argv(vllm_argv(auto, "m", "cuda")).draft_range == ((32, 8), (256, 3))
     monkeypatch.setenv("SAMROLLOUT_DRAFT_RANGE", "none")
-    assert _speculation_in_argv(vllm_argv(ServerSettings(), "m", on_cpu=False, on_cuda=True)).draft_range is None
+    assert _speculation_in_argv(vllm_argv(ServerSettings(), "m", "cuda")).draft_range is None
 
 
 @pytest.mark.parametrize(("flags", "env", "named"), [
@@ -230,7 +231,7 @@ def test_speculation_settings_take_the_python_configs_defaults_and_ranges() -> N
     marked = speculation_fields()
     assert set(marked.values()) >= {"k", "threshold", "threshold_mode", "group_drafting", "confident_match",
                                      "history_tokens", "history_responses"}
-    config = ServerSettings().speculation_config()
+    config = ServerSettings().speculation_config("cpu")
     assert config is not None
     for setting, target in marked.items():
         field = ServerSettings.model_fields[setting]

@@ -203,21 +203,22 @@ def test_a_bad_draft_range_is_refused_with_how_to_write_it(text):
 
 
 def test_auto_draft_range_drafts_long_in_the_tail_on_cuda_only():
-    assert default_draft_range("auto", 3, 8, on_cuda=True) == ((32, 8), (256, 3))
-    assert default_draft_range("auto", 12, 8, on_cuda=True) == ((32, 12), (256, 12))
-    assert default_draft_range("auto", 3, 8, on_cuda=False) is None
-    assert default_draft_range("none", 3, 8, on_cuda=True) is None
-    assert default_draft_range("1:16,4:8", 3, 8, on_cuda=False) == ((1, 16), (4, 8))
+    assert default_draft_range("auto", 3, 8, "cuda") == ((32, 8), (256, 3))
+    assert default_draft_range("auto", 12, 8, "cuda") == ((32, 12), (256, 12))
+    assert default_draft_range("auto", 3, 8, "cpu") is None
+    assert default_draft_range("auto", 3, 8, "npu") is None
+    assert default_draft_range("none", 3, 8, "cuda") is None
+    assert default_draft_range("1:16,4:8", 3, 8, "cpu") == ((1, 16), (4, 8))
 
 
 def test_critical_path_auto_drafts_for_the_longest_running_rows_on_cuda_only():
-    assert default_critical_path("auto", on_cuda=True) == (8, 8)
-    assert default_critical_path("auto", on_cuda=False)[0] == 0
-    assert default_critical_path("none", on_cuda=True)[0] == 0
-    assert default_critical_path("2:24", on_cuda=False) == (2, 24)
+    assert default_critical_path("auto", "cuda") == (8, 8)
+    assert default_critical_path("auto", "cpu")[0] == 0
+    assert default_critical_path("none", "cuda")[0] == 0
+    assert default_critical_path("2:24", "npu") == (2, 24)
     for bad in ("8", "a:b", "2:0", "2:65", "-1:8"):
         with pytest.raises(ValueError, match="critical path"):
-            default_critical_path(bad, on_cuda=True)
+            default_critical_path(bad, "cuda")
 
 
 def test_critical_path_drafts_set_vllms_largest_draft_and_leave_the_range_to_the_proposer():

@@ -139,9 +139,9 @@ def test_every_supported_series_has_a_layout_and_they_export_the_same_names() ->
 
 def test_settings_pass_per_request_metrics_flags_only_when_vllm_has_them() -> None:
     settings = ServerSettings(model="m")
-    with_flags = vllm_argv(settings, "m", on_cpu=True)
+    with_flags = vllm_argv(settings, "m", "cpu")
     assert "--enable-per-request-metrics" in with_flags and "--per-request-spec-decode-metrics" in with_flags
-    without = vllm_argv(settings, "m", on_cpu=True, per_request_metrics_flags=False)
+    without = vllm_argv(settings, "m", "cpu", per_request_metrics_flags=False)
     assert not any(flag.startswith("--enable-per-request") or flag.startswith("--per-request") for flag in without)
 
 

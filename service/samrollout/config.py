@@ -174,6 +174,9 @@ def parse_draft_range(text: str) -> tuple[tuple[int, int], ...]:
     return checked_draft_range(pairs)
 
 
+DeviceKind = Literal["cuda", "npu", "cpu"]  # what the engine runs on: each kind has its own projected defaults
+DEVICE_KINDS: tuple[DeviceKind, ...] = ("cuda", "npu", "cpu")
+
 LONG_TAIL_DRAFTS = 8  # drafts per step while at most CUDA_LONG_DRAFT_RUNNING requests run, on CUDA GPUs
 CUDA_LONG_DRAFT_RUNNING = 32  # CUDA: LONG_TAIL_DRAFTS drafts up to this many running requests
 CUDA_DRAFT_RUNNING = 256  # CUDA: k drafts up to this many running requests; none above
@@ -182,7 +185,7 @@ CUDA_DRAFT_RUNNING = 256  # CUDA: k drafts up to this many running requests; non
 CUDA_CRITICAL_PATH = (8, 8)  # CUDA: the 8 longest-running requests draft up to 8 tokens at every batch size
 
 
-def default_critical_path(setting: str, on_cuda: bool) -> tuple[int, int]:
+def default_critical_path(setting: str, device: DeviceKind) -> tuple[int, int]:
     """(rows, k) of critical-path drafting a server setting means: "auto", "none" (0 rows) or "ROWS:K".
 
     auto: on CUDA GPUs ``(8, 8)``, chosen by the rollout simulator on an H100's cost table (docs/simulator.md:
@@ -192,7 +195,7 @@ def default_critical_path(setting: str, on_cuda: bool) -> tuple[int, int]:
     if setting == "none":
         return 0, SpeculationConfig.critical_k
     if setting == "auto":
-        return CUDA_CRITICAL_PATH if on_cuda else (0, SpeculationConfig.critical_k)
+        return CUDA_CRITICAL_PATH if device == "cuda" else (0, SpeculationConfig.critical_k)
     rows, sep, k = setting.strip().partition(":")
     if not sep or not rows.strip().isdigit() or not k.strip().isdigit():
         raise ValueError(f"critical path {setting!r}: write ROWS:K (e.g. 8:8), auto or none")
@@ -201,20 +204,21 @@ def default_critical_path(setting: str, on_cuda: bool) -> tuple[int, int]:
     return int(rows), int(k)
 
 
-def default_draft_range(setting: str, k: int, threshold: int, on_cuda: bool) -> tuple[tuple[int, int], ...] | None:
-    """The draft range a server setting means: "auto" (the backend's projected default), "none", or pairs.
+def default_draft_range(setting: str, k: int, threshold: int,
+                        device: DeviceKind) -> tuple[tuple[int, int], ...] | None:
+    """The draft range a server setting means: "auto" (the device kind's projected default), "none", or pairs.
 
     auto: on CUDA GPUs ``((32, max(k, 8)), (256, k))``: long drafts while at most 32 requests run
     and k up to 256, chosen by the rollout simulator on an H100's cost table (docs/simulator.md:
     a verification step stays near one plain step up to batch 32 there, so drafting pays far past
-    the published threshold of 8); elsewhere None: k up to the threshold (the CPU's table makes
-    drafts expensive past a few rows; Ascend NPUs keep the published k = 3 at 8 until a table is
-    measured on one).
+    the published threshold of 8); elsewhere None: k up to the threshold (on CPUs what pays depends on
+    the CPU: drafting up to 32 running led on one with native bfloat16 and trailed no drafting on one
+    without, docs/tuning.md; Ascend NPUs keep the published k = 3 at 8 until a table is measured on one).
     """
     if setting == "none":
         return None
     if setting == "auto":
-        if not on_cuda:
-            return None
-        return ((CUDA_LONG_DRAFT_RUNNING, max(k, LONG_TAIL_DRAFTS)), (CUDA_DRAFT_RUNNING, k))
+        if device == "cuda":
+            return ((CUDA_LONG_DRAFT_RUNNING, max(k, LONG_TAIL_DRAFTS)), (CUDA_DRAFT_RUNNING, k))
+        return None
     return parse_draft_range(setting)

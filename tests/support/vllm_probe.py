@@ -85,9 +85,7 @@ NAMESPACE_FIELDS = ("model", "served_model_name", "seed", "dtype", "tensor_paral
 
 def check_flags(model_dir: str) -> dict[str, Any]:
     """The settings' flags through the release's own parser and validation (`runtime.vllm_namespace`)."""
-    from vllm.platforms import current_platform
-
-    from samrollout.server.runtime import vllm_namespace
+    from samrollout.server.runtime import platform_device_kind, vllm_namespace
     from samrollout.server.settings import ServerSettings
     from samrollout.server.vllm_argv import vllm_argv
     from samrollout.server.vllm_serving import PER_REQUEST_METRICS, FlexibleArgumentParser, make_arg_parser
@@ -107,7 +105,7 @@ def check_flags(model_dir: str) -> dict[str, Any]:
         namespace = vllm_namespace(settings, model_dir)
         logging.getLogger("samrollout.server").removeHandler(log)
         result[name] = {"namespace": {f: _jsonable(getattr(namespace, f)) for f in NAMESPACE_FIELDS},
-                        "log": log.lines, "argv": vllm_argv(settings, model_dir, current_platform.is_cpu(),
+                        "log": log.lines, "argv": vllm_argv(settings, model_dir, platform_device_kind(),
                                                             per_request_metrics_flags=PER_REQUEST_METRICS)}
     parser = make_arg_parser(FlexibleArgumentParser())
     rejected = {}

@@ -29,7 +29,7 @@ def run_serve(args: argparse.Namespace) -> int:
     """Validate the settings, then run uvicorn until SIGINT/SIGTERM (graceful: in-flight requests drain)."""
     try:
         settings = settings_from_args(args)
-        settings.speculation_config()
+        settings.speculation_config("cpu")  # checks them (any device: the engine's own applies at start)
     except (ValidationError, ValueError) as exc:
         print(f"samrollout serve: invalid settings:\n{exc}", file=sys.stderr)
         return 2

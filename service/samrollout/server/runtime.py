@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 from starlette.datastructures import State
 
+from samrollout.config import DeviceKind
 from samrollout.metrics import definitions as m
 from samrollout.metrics.definitions import set_scheduling_policy, set_weight_version
 from samrollout.metrics.rollouts import RolloutTracker
@@ -59,10 +60,15 @@ def resolve_model(settings: ServerSettings) -> str:
     return str(ensure_smollm2())
 
 
-def vllm_namespace(settings: ServerSettings, model_path: str) -> argparse.Namespace:
-    """vLLM's server arguments for our settings, parsed and validated by vLLM itself."""
+def platform_device_kind() -> DeviceKind:
+    """What vLLM's platform runs the engine on: CUDA GPUs, CPUs, or else (Ascend NPUs) "npu"."""
     from vllm.platforms import current_platform
 
+    return "cuda" if current_platform.is_cuda() else "cpu" if current_platform.is_cpu() else "npu"
+
+
+def vllm_namespace(settings: ServerSettings, model_path: str) -> argparse.Namespace:
+    """vLLM's server arguments for our settings, parsed and validated by vLLM itself."""
     from samrollout.server.vllm_serving import (
         PER_REQUEST_METRICS,
         FlexibleArgumentParser,
@@ -75,8 +81,7 @@ def vllm_namespace(settings: ServerSettings, model_path: str) -> argparse.Namesp
         logger.info("per-request metrics are off: vLLM %s has no --enable-per-request-metrics (responses carry "
                     "no `metrics`; /metrics and rollout summaries still count acceptance)", installed_vllm_version())
     parser = make_arg_parser(FlexibleArgumentParser(prog="samrollout serve (vLLM engine flags)"))  # type: ignore[no-untyped-call]
-    argv = vllm_argv(settings, model_path, current_platform.is_cpu(), per_request_metrics_flags=PER_REQUEST_METRICS,
-                     on_cuda=current_platform.is_cuda())
+    argv = vllm_argv(settings, model_path, platform_device_kind(), per_request_metrics_flags=PER_REQUEST_METRICS)
     args: argparse.Namespace = parser.parse_args(argv)
     validate_parsed_serve_args(args)
     return args

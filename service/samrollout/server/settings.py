@@ -26,6 +26,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from samrollout.config import (
     SPECULATION_LIMITS,
+    DeviceKind,
     SpeculationConfig,
     ThresholdMode,
     default_critical_path,
@@ -197,7 +198,7 @@ class ServerSettings(BaseSettings):
     @field_validator("critical_path")
     @classmethod
     def _valid_critical_path(cls, value: str) -> str:
-        default_critical_path(value, on_cuda=False)  # raises ValueError saying how to write it
+        default_critical_path(value, "cpu")  # raises ValueError saying how to write it
         return value
 
     @field_validator("draft_policy")
@@ -217,18 +218,18 @@ class ServerSettings(BaseSettings):
                 "--allow-unauthenticated-admin (SAMROLLOUT_ALLOW_UNAUTHENTICATED_ADMIN=true) on a network you trust")
         return self
 
-    def speculation_config(self, on_cuda: bool = False) -> SpeculationConfig | None:
+    def speculation_config(self, device: DeviceKind) -> SpeculationConfig | None:
         """The shared speculation config (None when speculation is off); raises ValueError if invalid.
 
-        ``on_cuda``: whether the engine runs on CUDA GPUs, where ``--draft-range auto`` drafts long in the tail.
+        ``device``: what the engine runs on; ``--draft-range auto`` and ``--critical-path auto`` mean its defaults.
         """
         if not self.speculation:
             return None
         values = {target: getattr(self, name) for name, target in speculation_fields().items()}
-        critical_rows, critical_k = default_critical_path(self.critical_path, on_cuda)
+        critical_rows, critical_k = default_critical_path(self.critical_path, device)
         return SpeculationConfig(
             **values, policy=DraftPolicy.from_dict(self.draft_policy), critical_rows=critical_rows,
-            critical_k=critical_k, draft_range=default_draft_range(self.draft_range, self.k, self.threshold, on_cuda))
+            critical_k=critical_k, draft_range=default_draft_range(self.draft_range, self.k, self.threshold, device))
 
     def public_model_name(self, model_path: str) -> str:
         """The model name clients send and `/v1/models` lists."""

@@ -4,23 +4,24 @@ from __future__ import annotations
 
 import json
 
-from samrollout.config import ADDITIONAL_CONFIG_KEY
+from samrollout.config import ADDITIONAL_CONFIG_KEY, DeviceKind
 from samrollout.cpu_defaults import cpu_dtype
 from samrollout.engine import vllm_speculative_config
 from samrollout.server.settings import ServerSettings
 from samrollout.spec_decode.worker_extension import WORKER_EXTENSION_CLASS
 
 
-def vllm_argv(settings: ServerSettings, model_path: str, on_cpu: bool, per_request_metrics_flags: bool = True,
-              on_cuda: bool = False) -> list[str]:
+def vllm_argv(settings: ServerSettings, model_path: str, device: DeviceKind,
+              per_request_metrics_flags: bool = True) -> list[str]:
     """vLLM server flags for ``settings`` (parsed by vLLM's own argument parser).
 
     ``per_request_metrics_flags``: whether the installed vLLM has the per-request metrics
     flags (0.32 does, 0.23 does not: then `per_request_metrics` passes nothing).
-    ``on_cuda``: the engine runs on CUDA GPUs (the draft range's and the critical path's "auto").
+    ``device``: what the engine runs on (memory, dtype, and the draft range's and the critical path's "auto").
     """
+    on_cpu = device == "cpu"
     memory = settings.gpu_memory_utilization or (0.3 if on_cpu else 0.9)
-    speculation = settings.speculation_config(on_cuda)
+    speculation = settings.speculation_config(device)
     argv = ["--model", model_path, "--served-model-name", settings.public_model_name(model_path),
             "--seed", str(settings.seed), "--dtype", cpu_dtype(settings.dtype) if on_cpu else settings.dtype,
             "--tensor-parallel-size", str(settings.tensor_parallel_size),

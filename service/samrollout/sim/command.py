@@ -30,9 +30,9 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
-from samrollout.config import SpeculationConfig, checked_draft_range
+from samrollout.config import DEVICE_KINDS, DeviceKind, SpeculationConfig, checked_draft_range
 from samrollout.replay.protocol import ReplayDrafter
 from samrollout.replay.traces import (
     ResponseFilter,
@@ -69,7 +69,7 @@ def add_simulate_parser(commands: Any) -> None:
                    help="JSONL(.gz) trace files (as for `samrollout replay`); comma-separated or repeated")
     p.add_argument("--tokenizer", help="Hugging Face tokenizer path for text traces")
     p.add_argument("--cost", required=True, help="cost table JSON (bench/verify_cost.py or bench/engine_cost.py)")
-    p.add_argument("--device-kind", choices=["cuda", "npu", "cpu"],
+    p.add_argument("--device-kind", choices=DEVICE_KINDS,
                    help="whose server defaults 'samrollout' means (default: the cost table's device)")
     p.add_argument("--responses", choices=["all", "clean", "both"], default="clean")
     p.add_argument("--modes", default=DEFAULT_MODES, help=f"comma-separated (default {DEFAULT_MODES})")
@@ -89,7 +89,14 @@ def add_simulate_parser(commands: Any) -> None:
     p.set_defaults(run=run)
 
 
-def mode_settings(name: str, device_kind: str) -> tuple[str, int, SpeculationConfig | None, str]:
+def device_kind_of(args: argparse.Namespace, cost: CostTable) -> DeviceKind:
+    """Whose server defaults ``samrollout`` means: ``--device-kind``, else the cost table's device."""
+    if args.device_kind:
+        return cast(DeviceKind, args.device_kind)
+    return "cuda" if cost.device.startswith("cuda") else "npu" if cost.device.startswith("npu") else "cpu"
+
+
+def mode_settings(name: str, device_kind: DeviceKind) -> tuple[str, int, SpeculationConfig | None, str]:
     """(drafter kind, k, our config or None, scheduling) of a mode name; ValueError for unknown names."""
     match = _MODE.match(_DIVIDED.sub("", name))
     if match is None:
@@ -111,7 +118,7 @@ def mode_settings(name: str, device_kind: str) -> tuple[str, int, SpeculationCon
     from samrollout.server.settings import ServerSettings
 
     server = ServerSettings.model_validate({})
-    config = server.speculation_config(on_cuda=device_kind == "cuda")
+    config = server.speculation_config(device_kind)
     assert config is not None
     scheduling = order[1:] if order else server.rollout_scheduling
     if "t" in values:
@@ -134,7 +141,7 @@ def mode_settings(name: str, device_kind: str) -> tuple[str, int, SpeculationCon
 
 
 def drafter_factory(kind: str, vocab: int, config: SpeculationConfig | None,
-                    device_kind: str) -> Callable[[], ReplayDrafter] | None:
+                    device_kind: DeviceKind) -> Callable[[], ReplayDrafter] | None:
     """A fresh drafter per instance for a mode (None: no speculation)."""
     if kind == "off":
         return None
@@ -159,7 +166,7 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         cost = CostTable.load(args.cost)
-        device_kind = args.device_kind or ("cuda" if cost.device.startswith("cuda") else "cpu")
+        device_kind = device_kind_of(args, cost)
         modes = [m.strip() for m in args.modes.split(",") if m.strip()]
         plans = {m: mode_settings(m, device_kind) for m in modes}
         files = {path: load_traces(path, args.tokenizer, args.max_groups) for path in split_paths(args.traces)}
@@ -184,7 +191,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def write_report(args: argparse.Namespace, cost: CostTable, device_kind: str,
+def write_report(args: argparse.Namespace, cost: CostTable, device_kind: DeviceKind,
                  projections: list[dict[str, Any]]) -> None:
     """The JSON report of the projections so far, with the command's options (when --json is given)."""
     if not args.json:
@@ -197,7 +204,7 @@ def write_report(args: argparse.Namespace, cost: CostTable, device_kind: str,
 
 def project(path: str, which: str, groups: list[TraceGroup], earlier: list[Any], settings: SimSettings,
             plans: dict[str, tuple[str, int, SpeculationConfig | None, str]], vocab: int, cost: CostTable,
-            device_kind: str) -> dict[str, Any]:
+            device_kind: DeviceKind) -> dict[str, Any]:
     """One projection (a file, filter, slots and instances): every mode simulated, printed as a table."""
     results: dict[str, SimResult] = {}
     seconds: dict[str, float] = {}

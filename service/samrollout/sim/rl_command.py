@@ -24,9 +24,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from samrollout.config import SpeculationConfig
+from samrollout.config import DEVICE_KINDS, DeviceKind, SpeculationConfig
 from samrollout.replay.traces import ResponseFilter, TraceError, load_traces, select, split_paths, vocab_size
-from samrollout.sim.command import drafter_factory, mode_settings, write_report
+from samrollout.sim.command import device_kind_of, drafter_factory, mode_settings, write_report
 from samrollout.sim.cost import CostTable
 from samrollout.sim.rl_loop import (
     SIM_PLACEMENTS,
@@ -54,7 +54,7 @@ def add_simulate_rl_parser(commands: Any) -> None:
     p.add_argument("--traces", action="append", required=True, help="JSONL(.gz) trace files, as for `simulate`")
     p.add_argument("--tokenizer", help="Hugging Face tokenizer path for text traces")
     p.add_argument("--cost", required=True, help="cost table JSON (bench/verify_cost.py or bench/engine_cost.py)")
-    p.add_argument("--device-kind", choices=["cuda", "npu", "cpu"],
+    p.add_argument("--device-kind", choices=DEVICE_KINDS,
                    help="whose server defaults 'samrollout' means (default: the cost table's device)")
     p.add_argument("--responses", choices=["all", "clean", "both"], default="clean")
     p.add_argument("--max-groups", type=int, help="only the first N groups of each file")
@@ -103,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
     """Every file x response filter x instances x slots x weights x drafter-time scale: print and write."""
     try:
         cost = CostTable.load(args.cost)
-        device_kind = args.device_kind or ("cuda" if cost.device.startswith("cuda") else "cpu")
+        device_kind = device_kind_of(args, cost)
         drafters = {m: mode_settings(m, device_kind) for m in _split(args.drafters)}
         loops = [LOOP_NAMES[name] for name in _split(args.loops)]
         placements = _split(args.placements)
@@ -156,7 +156,7 @@ class _Task:
     sim: SimSettings
     vocab: int
     cost: CostTable
-    device_kind: str
+    device_kind: DeviceKind
 
 
 def _run_task(task: _Task) -> dict[str, Any]:
@@ -178,7 +178,7 @@ def _run_all(tasks: list[_Task], jobs: int) -> list[dict[str, Any]]:
 
 def project(args: argparse.Namespace, shape: dict[str, Any], stream: list[LoopGroup], sim: SimSettings,
             updates: UpdateCosts, loops: list[str], drafters: dict[str, Plan], placements: list[str], vocab: int,
-            cost: CostTable, device_kind: str) -> list[dict[str, Any]]:
+            cost: CostTable, device_kind: DeviceKind) -> list[dict[str, Any]]:
     """One shape under every placement, training time and staleness bound: a projection each, printed.
 
     First sync + off per placement (what ``--train-ratio`` is a ratio of), then every loop and drafter,
