@@ -9,7 +9,7 @@ start-up, never mid-rollout.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from samrollout._core import MAX_DRAFT_TOKENS
 from samrollout.drafter import DraftPolicy, check_int
@@ -175,7 +175,7 @@ def parse_draft_range(text: str) -> tuple[tuple[int, int], ...]:
 
 
 DeviceKind = Literal["cuda", "npu", "cpu"]  # what the engine runs on: each kind has its own projected defaults
-DEVICE_KINDS: tuple[DeviceKind, ...] = ("cuda", "npu", "cpu")
+DEVICE_KINDS: tuple[DeviceKind, ...] = get_args(DeviceKind)
 
 LONG_TAIL_DRAFTS = 8  # drafts per step while at most CUDA_LONG_DRAFT_RUNNING requests run, on CUDA GPUs
 CUDA_LONG_DRAFT_RUNNING = 32  # CUDA: LONG_TAIL_DRAFTS drafts up to this many running requests

@@ -42,6 +42,7 @@ from samrollout.replay.traces import (
     TraceGroup,
     load_traces,
     parse_where,
+    response_filters,
     select,
     split_paths,
     vocab_size,
@@ -254,7 +255,7 @@ def plan(args: argparse.Namespace) -> ReplayPlan:
     if args.history and args.drafters == ",".join(DEFAULT_DRAFTERS):
         drafters.insert(drafters.index("sam-group") + 1, "sam-history")
     oracles = [names for names in map(_names, args.oracle_sources or [",".join(DEFAULT_ORACLE_SOURCES)]) if names]
-    filters: list[ResponseFilter] = ["clean", "all"] if args.responses == "both" else [args.responses]
+    filters = response_filters(args.responses)
     where = [parse_where(w) for w in args.where]
     policy = policy_from_args(args).for_hardware(on_cpu=False)
     if ORACLE in drafters:

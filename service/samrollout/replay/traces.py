@@ -15,7 +15,7 @@ import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import numpy as np
 
@@ -165,6 +165,15 @@ def parse_where(text: str) -> tuple[str, Any]:
     except json.JSONDecodeError:
         parsed = value
     return key.strip(), parsed
+
+
+def response_filters(choice: str) -> list[ResponseFilter]:
+    """The response filters a ``--responses`` choice means: ``both`` is clean, then all; else the one named."""
+    if choice == "both":
+        return ["clean", "all"]
+    if choice not in ("clean", "all"):
+        raise ValueError(f"--responses must be clean, all or both, got {choice!r}")
+    return [cast(ResponseFilter, choice)]
 
 
 def select(groups: list[TraceGroup], responses: ResponseFilter = "all",

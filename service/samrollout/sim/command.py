@@ -35,10 +35,10 @@ from typing import Any, cast
 from samrollout.config import DEVICE_KINDS, DeviceKind, SpeculationConfig, checked_draft_range
 from samrollout.replay.protocol import ReplayDrafter
 from samrollout.replay.traces import (
-    ResponseFilter,
     TraceError,
     TraceGroup,
     load_traces,
+    response_filters,
     select,
     split_paths,
     vocab_size,
@@ -173,7 +173,7 @@ def run(args: argparse.Namespace) -> int:
     except (TraceError, ValueError, OSError) as error:
         print(f"samrollout simulate: {error}", file=sys.stderr)
         return 2
-    filters: list[ResponseFilter] = ["clean", "all"] if args.responses == "both" else [args.responses]
+    filters = response_filters(args.responses)
     projections: list[dict[str, Any]] = []
     for path, loaded in files.items():
         vocab = vocab_size(loaded)

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from samrollout.config import DEVICE_KINDS, DeviceKind, SpeculationConfig
-from samrollout.replay.traces import ResponseFilter, TraceError, load_traces, select, split_paths, vocab_size
+from samrollout.replay.traces import TraceError, load_traces, response_filters, select, split_paths, vocab_size
 from samrollout.sim.command import device_kind_of, drafter_factory, mode_settings, write_report
 from samrollout.sim.cost import CostTable
 from samrollout.sim.rl_loop import (
@@ -120,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
     except (TraceError, ValueError, OSError) as error:
         print(f"samrollout simulate-rl: {error}", file=sys.stderr)
         return 2
-    filters: list[ResponseFilter] = ["clean", "all"] if args.responses == "both" else [args.responses]
+    filters = response_filters(args.responses)
     projections: list[dict[str, Any]] = []
     for path, loaded in files.items():
         vocab = vocab_size(loaded)

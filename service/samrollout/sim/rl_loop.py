@@ -234,9 +234,9 @@ class _Cluster:
         one with `place_affine` and the bound shared out over ``in_flight``)."""
         loads = [float(self.outstanding(i)) for i in self.instances]
         if self.placement == "affine" and in_flight is None and all(s.home is None for s in sources):
-            works = work_shares([self.lengths.predict(_identity(s)) for s in sources],
-                                max(len(s.responses) for s in sources))
-            return plan_affine([_identity(s) for s in sources], self.names, loads, works)
+            identities = [_identity(s) for s in sources]
+            works = work_shares([self.lengths.predict(i) for i in identities], max(len(s.responses) for s in sources))
+            return plan_affine(identities, self.names, loads, works)
         works = [float(len(source.responses)) for source in sources]
         total = max(sum(loads) + sum(works), in_flight or 0.0)
         targets = []
@@ -275,7 +275,7 @@ class _Cluster:
 
     def forget(self, held: _Held) -> None:
         """The group was returned or given up: its sequences are no longer this client's (the client remembers
-        the lengths of those that finished, as `samrollout_client.client.SamrolloutClient.generate` does)."""
+        the lengths of those that finished, as `samrollout_client.client.AsyncRolloutClient.generate` does)."""
         lengths = [len(seq.truth) for seq in held.sequences if seq.done]
         if lengths:
             self.lengths.record(_identity(held.source), lengths)
