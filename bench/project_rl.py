@@ -35,9 +35,9 @@ COMMON = ["--cost", str(HERE / "results" / "verify-cost-h100-k24.json"), "--kv-t
 # (name, arguments): each a `samrollout simulate-rl` run.
 RUNS: list[tuple[str, list[str]]] = [
     ("sky-clean", ["--traces", SKY, "--responses", "clean", "--instances", "2", "--batch-groups", "15",
-                   "--train-ratio", "0,0.5", "--max-staleness", "1,2", "--placements", "affine,least-outstanding"]),
+                   "--train-ratio", "0,0.5,1", "--max-staleness", "1,2", "--placements", "affine,least-outstanding"]),
     ("sky-all", ["--traces", SKY, "--responses", "all", "--instances", "2", "--batch-groups", "15",
-                 "--train-ratio", "0,0.5", "--max-staleness", "1", "--placements", "affine"]),
+                 "--train-ratio", "0,0.5", "--max-staleness", "1", "--placements", "affine,least-outstanding"]),
     ("sky-clean-push-halved", ["--traces", SKY, "--responses", "clean", "--instances", "2", "--batch-groups", "15",
                                "--train-ratio", "0.5", "--max-staleness", "1", "--placements", "affine",
                                "--weights", "push,push-fanout", "--drafter-time-scale", "0.5"]),

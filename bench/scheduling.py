@@ -521,15 +521,15 @@ def placement_of(mode: str, history: Any, groups: int, group_size: int, step: li
     ``history`` is the client's `LengthHistory` of earlier rounds (predicted-work placement reads it);
     ``step`` (the round's arrival order) and ``urls`` are what affine placement hashes and places in.
     """
-    from samrollout_client.placement import place_by_predicted_work, plan_affine, work_shares
+    from samrollout_client.placement import place_by_predicted_work, plan_affine
     from samrollout_client.prompt_identity import prompt_id
 
     if mode == "2x-affine":  # as the client's generate: the lengths of earlier rounds weigh the groups
         assert step is not None and urls is not None
         first = {r.group: r.prompt for r in reversed(step)}  # a group is known by its first sibling's prompt
         order = list(dict.fromkeys(r.group for r in step))
-        works = work_shares([history.predict(str(g)) for g in order], group_size)
-        chosen = plan_affine([prompt_id(first[g]) for g in order], urls, [0] * len(urls), works)
+        chosen = plan_affine([prompt_id(first[g]) for g in order], urls, [0] * len(urls), [group_size] * len(order),
+                             [history.predict(str(g)) for g in order])
         by_group = dict(zip(order, chosen, strict=True))
         return [by_group[g] for g in range(groups)]
     if mode in ("2x-predicted-work", "2x-divided"):

@@ -1,7 +1,11 @@
 """Calibrate the RL-loop simulator on the CPU engine: simulated against measured samples/s, loop by loop.
 
     python bench/simulator_rl_calibration.py --servers 2 --rounds 3 \\
+        --cost-args "--lengths 64,256,768 --batches 1,2,4,8,16,32 --qs 1" \\
+        --bench-args "--steps 4 --groups 4 --group-size 8 --max-tokens 128" \\
         --json bench/results/simulator-rl-calibration-cpu.json
+
+(``--qs 1``: one draft length is enough where nothing drafts, as with the bench's seeded samples.)
 
 In one run on this machine (nothing reused from another run):
 

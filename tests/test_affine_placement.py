@@ -156,13 +156,34 @@ def test_a_batch_weighed_by_its_predicted_lengths_shares_the_long_groups_out() -
     endpoints = urls(2)
     prompts = PROMPTS[:16]
     lengths = [38, 42, 42, 72, 150, 176, 193, 232, 265, 359, 482, 493, 537, 593, 603, 768]
-    works = work_shares([float(n) for n in lengths], 8)
-    assert sum(works) == pytest.approx(8 * len(prompts))
-    chosen = plan_affine(prompts, endpoints, [0, 0], works)
+    chosen = plan_affine(prompts, endpoints, [0, 0], [8] * len(prompts), [float(n) for n in lengths])
     tokens = [sum(n for n, c in zip(lengths, chosen, strict=True) if c == e) for e in range(2)]
     assert max(tokens) <= BATCH_LOAD_FACTOR * sum(lengths) / 2 + max(lengths) / 8
-    reordered = plan_affine(list(reversed(prompts)), endpoints, [0, 0], list(reversed(works)))
+    reordered = plan_affine(list(reversed(prompts)), endpoints, [0, 0], [8] * len(prompts),
+                            [float(n) for n in reversed(lengths)])
     assert list(reversed(reordered)) == chosen
+
+
+def test_a_batch_of_short_groups_is_shared_out_by_requests_too() -> None:
+    # Where responses are short, a server's time goes to its requests (prefill, streaming) as much as to its
+    # tokens: many short groups on one server and a few long ones on the other balance the tokens and still
+    # leave the first server the step's last.  Neither server takes more than its bound of the requests.
+    endpoints = urls(2)
+    prompts = PROMPTS[:16]
+    lengths = [4, 4, 5, 5, 6, 6, 8, 8, 10, 12, 14, 16, 60, 90, 120, 128]
+    chosen = plan_affine(prompts, endpoints, [0, 0], [8] * len(prompts), [float(n) for n in lengths])
+    groups = Counter(chosen)
+    assert max(groups.values()) * 8 <= math.ceil(BATCH_LOAD_FACTOR * 8 * len(prompts) / 2)
+    tokens = [sum(n for n, c in zip(lengths, chosen, strict=True) if c == e) for e in range(2)]
+    assert max(tokens) <= BATCH_LOAD_FACTOR * sum(lengths) / 2 + max(lengths)
+
+
+def test_requests_in_flight_count_against_a_batch_s_bound() -> None:
+    # A server still busy with an earlier batch's requests takes fewer of the new batch's groups.
+    endpoints = urls(2)
+    prompts = PROMPTS[:16]
+    chosen = plan_affine(prompts, endpoints, [64, 0], [8] * len(prompts))
+    assert Counter(chosen)[0] * 8 + 64 <= math.ceil(BATCH_LOAD_FACTOR * (64 + 8 * 16) / 2)
 
 
 def test_groups_of_unknown_length_count_as_their_size() -> None:

@@ -63,7 +63,6 @@ from samrollout_client.placement import (
     place_affine,
     place_by_predicted_work,
     plan_affine,
-    work_shares,
 )
 from samrollout_client.progress import RolloutProgress
 from samrollout_client.prompt_identity import prompt_id
@@ -242,9 +241,9 @@ class AsyncRolloutClient:
         if self.placement == "least-outstanding" or len(up) < 2:
             return None
         if self.placement == "affine":
-            works = work_shares([self.history.predict(prompt) for prompt in prompts], n)
             return [up[i] for i in plan_affine([prompt_id(p) for p in prompts], [e.url for e in up],
-                                               [e.outstanding for e in up], works)]
+                                               [e.outstanding for e in up], [n] * len(prompts),
+                                               [self.history.predict(prompt) for prompt in prompts])]
         predicted = [None if (p := self.history.predict(prompt)) is None else p * n for prompt in prompts]
         return [up[i] for i in place_by_predicted_work(predicted, len(up))]
 

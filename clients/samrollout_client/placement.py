@@ -9,9 +9,10 @@ endpoint); the group goes to the highest-ranked endpoint that is up and would st
 `AFFINE_LOAD_FACTOR` (1.25) times its share of the requests in flight, this group
 included (`affine_load_bound`), else down the ranking; when every endpoint is past the
 bound (a few groups in flight), to the least loaded.  A step's batch is placed as a whole
-(`plan_affine`) within `BATCH_LOAD_FACTOR` (1.1) of each endpoint's share, each group
-weighed by its predicted length when the client has seen the prompt (`work_shares`), so
-that a step's long groups do not pile up on one endpoint.  A server joining or leaving moves
+(`plan_affine`) within `BATCH_LOAD_FACTOR` (1.1) of each endpoint's share of the
+requests and of the predicted work (each group weighed by its predicted length when the
+client has seen the prompt, `work_shares`), so that a step's long groups do not pile up
+on one endpoint.  A server joining or leaving moves
 about 1/N of the prompts (only the leaving server's prompts, when loads are light).
 
 ``least-outstanding`` sends each group to the endpoint with the fewest requests in flight
@@ -169,25 +170,49 @@ def work_shares(predicted: Sequence[float | None], group_size: int) -> list[floa
 
 
 def plan_affine(identities: Sequence[str], endpoints: Sequence[str], loads: Sequence[float],
-                works: Sequence[float], factor: float = BATCH_LOAD_FACTOR, total: float | None = None) -> list[int]:
-    """An endpoint index per group of a batch placed at once (`place_affine`), the bound (``factor``, default
-    `BATCH_LOAD_FACTOR`) shared out over the work in flight and the whole batch's, or over ``total`` when that
-    is more (the requests a partial rollout keeps in flight).  ``works``: each group's work in requests, from
-    `work_shares` when lengths are predicted, so that the long groups are shared out too.
+                sizes: Sequence[float], predicted: Sequence[float | None] | None = None,
+                factor: float = BATCH_LOAD_FACTOR) -> list[int]:
+    """An endpoint index per group of a batch placed at once: the first endpoint of the prompt's
+    `rendezvous_ranking` that stays within ``factor`` (default `BATCH_LOAD_FACTOR`) of its share of the
+    requests and of the predicted work, else the one it overfills least.
 
-    The groups are placed in an order of their own, not the batch's: the strongest preferences first (the
-    largest gap between a prompt's first and second endpoint weights), so that the same prompts land alike
-    however a data loader orders them, and those that give way to the bound are the ones that care least."""
-    if len(identities) != len(works):
-        raise ValueError(f"{len(identities)} groups but {len(works)} works")
-    held = list(loads)
-    total = max(sum(held) + sum(works), total or 0.0)
+    ``loads`` are the requests each endpoint holds in flight (they count as requests of mean length),
+    ``sizes`` each group's requests, ``predicted`` each prompt's predicted response length (`LengthHistory`;
+    None: unknown, counted as the batch's mean, `work_shares`).  Both bounds, because a step's makespan is
+    set by its most loaded endpoint, in tokens where responses are long and in requests (prefill, streaming)
+    where they are short.  The groups are placed in an order of their own, not the batch's: the strongest
+    preferences first (the largest gap between a prompt's first and second endpoint weights), so that the
+    same prompts land alike however a data loader orders them, and those that give way are the ones that
+    care least."""
+    if len(identities) != len(sizes):
+        raise ValueError(f"{len(identities)} groups but {len(sizes)} sizes")
+    if predicted is not None and len(predicted) != len(sizes):
+        raise ValueError(f"{len(sizes)} groups but {len(predicted)} predicted lengths")
+    if len(loads) != len(endpoints):
+        raise ValueError(f"{len(endpoints)} endpoints but {len(loads)} loads")
+    works = _scaled_works(sizes, predicted)
+    requests, work = list(loads), list(loads)
+    request_bound = affine_load_bound(sum(loads) + sum(sizes), len(endpoints), factor)
+    work_bound = affine_load_bound(sum(loads) + sum(works), len(endpoints), factor)
     chosen = [0] * len(identities)
     for g in sorted(range(len(identities)), key=lambda g: (-_preference(identities[g], endpoints), identities[g])):
-        index = place_affine(identities[g], endpoints, held, works[g], factor, total)
-        held[index] += works[g]
+        def overfill(index: int, g: int = g) -> float:
+            return max((requests[index] + sizes[g]) / request_bound, (work[index] + works[g]) / work_bound)
+        ranking = rendezvous_ranking(identities[g], endpoints)
+        index = next((i for i in ranking if overfill(i) <= 1.0), None)
+        if index is None:
+            index = min(ranking, key=overfill)
+        requests[index] += sizes[g]
+        work[index] += works[g]
         chosen[g] = index
     return chosen
+
+
+def _scaled_works(sizes: Sequence[float], predicted: Sequence[float | None] | None) -> list[float]:
+    """Each group's predicted work in requests of the batch's mean length (`work_shares`, per group size)."""
+    if predicted is None:
+        return [float(size) for size in sizes]
+    return [share * size for share, size in zip(work_shares(predicted, 1), sizes, strict=True)]
 
 
 def _preference(identity: str, endpoints: Sequence[str]) -> int:

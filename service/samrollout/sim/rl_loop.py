@@ -48,7 +48,7 @@ from samrollout.sim.admission import Admission
 from samrollout.sim.cost import CostTable
 from samrollout.sim.engine_step import EngineCounters, advance
 from samrollout.sim.state import SimInstance, SimSequence, SimSettings
-from samrollout_client.placement import LengthHistory, place_affine, plan_affine, work_shares
+from samrollout_client.placement import LengthHistory, place_affine, plan_affine
 
 Loop = Literal["sync-wait", "sync-abort", "async-continue"]
 LOOPS: tuple[Loop, ...] = get_args(Loop)
@@ -235,8 +235,8 @@ class _Cluster:
         loads = [float(self.outstanding(i)) for i in self.instances]
         if self.placement == "affine" and in_flight is None and all(s.home is None for s in sources):
             identities = [_identity(s) for s in sources]
-            works = work_shares([self.lengths.predict(i) for i in identities], max(len(s.responses) for s in sources))
-            return plan_affine(identities, self.names, loads, works)
+            return plan_affine(identities, self.names, loads, [float(len(s.responses)) for s in sources],
+                               [self.lengths.predict(i) for i in identities])
         works = [float(len(source.responses)) for source in sources]
         total = max(sum(loads) + sum(works), in_flight or 0.0)
         targets = []
