@@ -12,8 +12,8 @@ bound (a few groups in flight), to the least loaded.  A step's batch is placed a
 (`plan_affine`) within `BATCH_LOAD_FACTOR` (1.1) of each endpoint's share of the
 requests and of the predicted work (each group weighed by its predicted length when the
 client has seen the prompt, `work_shares`), so that a step's long groups do not pile up
-on one endpoint.  A server joining or leaving moves
-about 1/N of the prompts (only the leaving server's prompts, when loads are light).
+on one endpoint.  A server joining or leaving moves about 1/N of the prompts (only the
+leaving server's prompts, when loads are light).
 
 ``least-outstanding`` sends each group to the endpoint with the fewest requests in flight
 from this client.  ``predicted-work`` remembers how long the responses
