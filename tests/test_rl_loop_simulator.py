@@ -170,6 +170,8 @@ def test_simulate_rl_command_writes_every_loop_and_drafter_per_projection(tmp_pa
         assert set(projection["modes"]) == {f"{loop}-{drafter}" for loop in ("sync", "async")
                                             for drafter in ("off", "suffix", "samrollout")}
         assert all(mode["samples_per_s"] > 0 for mode in projection["modes"].values())
+        # Simulated slowest first, side by side: each report still lands under its own mode.
+        assert all((mode["drafted"] == 0) == name.endswith("-off") for name, mode in projection["modes"].items())
         assert projection["weights"] == "push" and projection["staleness"] == 1
     assert projections[1]["train_s"] == pytest.approx(0.5 * projections[1]["sync_off_rollout_s"])
     assert "samples/s" in proc.stdout
