@@ -45,6 +45,14 @@ RUNS: list[tuple[str, list[str]]] = [
                                "--train-ratio", "0", "--max-staleness", "1", "--placements", "affine",
                                "--loops", "async", "--drafters",
                                "samrollout,samrollout-r32.8-r256.5,samrollout-r32.8-r256.8,samrollout-p0.8"]),
+    # Draft length at full batch: the defaults against up to 16 tokens at every batch size, capped by the match.
+    ("sky-draft-length", ["--traces", SKY, "--responses", "both", "--instances", "2", "--batch-groups", "15",
+                          "--train-ratio", "0", "--max-staleness", "1", "--placements", "affine", "--drafters",
+                          "suffix,samrollout,samrollout-r256.16-s100,samrollout-r256.16-s50,"
+                          "samrollout-r32.8-r256.16-s100"]),
+    ("r1-draft-length", ["--traces", R1, "--responses", "all", "--instances", "2", "--batch-groups", "5",
+                         "--train-ratio", "0", "--max-staleness", "1", "--placements", "affine", "--drafters",
+                         "suffix,samrollout,samrollout-r256.16-s100,samrollout-r32.8-r256.16-s100"]),
     ("r1-small", ["--traces", R1, "--responses", "all", "--instances", "2", "--batch-groups", "5",
                   "--train-ratio", "0,0.5", "--max-staleness", "1", "--placements", "affine,least-outstanding"]),
 ]
