@@ -1,4 +1,5 @@
-"""Module layering: no import cycles in the server or the client, and the client never imports the server."""
+"""Module layering: no import cycles in the server or the client (counting every import, wherever it is
+written), and the client never imports the server."""
 
 from __future__ import annotations
 
@@ -13,12 +14,14 @@ def _module_name(package: str, root: Path, path: Path) -> str:
     return ".".join([package, *path.relative_to(root).with_suffix("").parts]).removesuffix(".__init__")
 
 
-def _imports_at_load(package: str, root: Path, path: Path) -> set[str]:
-    """Modules of ours that ``path`` imports when it is loaded (module-level imports, relative ones resolved)."""
+def _imports(package: str, root: Path, path: Path) -> set[str]:
+    """Modules of ours that ``path`` imports anywhere: at module level, inside functions and under
+    ``TYPE_CHECKING`` alike (a cycle hidden in a function or a type check is still a cycle); relative
+    imports resolved."""
     module = _module_name(package, root, path)
     parts = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
     found: set[str] = set()
-    for node in ast.parse(path.read_text()).body:
+    for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -30,7 +33,7 @@ def _imports_at_load(package: str, root: Path, path: Path) -> set[str]:
 
 
 def _graph() -> dict[str, set[str]]:
-    raw = {_module_name(package, root, path): _imports_at_load(package, root, path)
+    raw = {_module_name(package, root, path): _imports(package, root, path)
            for package, root in PACKAGES.items() for path in root.rglob("*.py")}
 
     def known(name: str) -> str | None:

@@ -71,6 +71,7 @@ from samrollout_client.spans import parse_spans
 from samrollout_client.types import (
     GroupResult,
     InFlight,
+    PauseMode,
     Prompt,
     RolloutReport,
     Sample,
@@ -80,7 +81,7 @@ from samrollout_client.types import (
     StalePolicy,
     WeightPush,
 )
-from samrollout_client.weights import DEFAULT_SHARD_BYTES, WeightFile, WeightFiles, WeightsSource
+from samrollout_client.weights import DEFAULT_SHARD_BYTES, SHA256_HEADER, WeightFile, WeightFiles, WeightsSource
 
 _RETRYABLE = (httpx.TransportError, httpx.TimeoutException)
 
@@ -230,8 +231,8 @@ class AsyncRolloutClient:
         from its prompt (``on_stale="restart"``) or its group is given up (``"drop"``).  Use as
         ``async with client.partial_rollout(...) as rollout:``.
         """
-        return PartialRollout(self, prompts, group_size=group_size, batch_groups=batch_groups, sampling=sampling,
-                              max_staleness=max_staleness, on_stale=on_stale,
+        return PartialRollout(_ClientSampler(self), prompts, group_size=group_size, batch_groups=batch_groups,
+                              sampling=sampling, max_staleness=max_staleness, on_stale=on_stale,
                               max_concurrent_groups=max_concurrent_groups, rollout_id=rollout_id)
 
     def _plan(self, prompts: Sequence[Prompt], n: int) -> list[Endpoint] | None:
@@ -491,7 +492,7 @@ class AsyncRolloutClient:
     async def _put_file(self, endpoint: Endpoint, upload_id: str, file: WeightFile) -> None:
         """Stream one file into an upload; 4xx -> `RequestRejected`, anything else -> `SamrolloutError`."""
         url = f"{endpoint.url}/admin/weight_uploads/{upload_id}/files/{file.name}"
-        headers = {"X-Content-SHA256": file.sha256, "Content-Length": str(file.size),
+        headers = {SHA256_HEADER: file.sha256, "Content-Length": str(file.size),
                    "Content-Type": "application/octet-stream"}
         try:
             reply = await self._http.put(url, content=file.chunks(), headers=headers)
@@ -517,7 +518,7 @@ class AsyncRolloutClient:
                 raise SamrolloutError(f"not every endpoint serves {version!r} after {timeout_s} s: {versions}")
             await asyncio.sleep(0.5)
 
-    async def pause(self, mode: Literal["keep", "wait", "abort"] = "keep") -> None:
+    async def pause(self, mode: PauseMode = "keep") -> None:
         """Hold generation on every endpoint."""
         await self._broadcast("/admin/pause", {"mode": mode})
 
@@ -597,6 +598,52 @@ class AsyncRolloutClient:
         for listener in list(self._version_listeners):
             listener()
 
+
+
+class _ClientSampler:
+    """The client as its partial rollouts see it (`partial.GroupSampler`): the placement, one sample's
+    send with retries, and the version history, without the rest of the client."""
+
+    def __init__(self, client: AsyncRolloutClient) -> None:
+        self._client = client
+
+    @property
+    def divide_after_tokens(self) -> int | None:
+        return self._client.divide_after_tokens
+
+    @property
+    def max_in_flight(self) -> int:
+        return self._client.max_in_flight
+
+    @property
+    def weight_versions(self) -> list[str]:
+        return self._client.weight_versions
+
+    async def refresh_versions(self) -> None:
+        await self._client._refresh_versions()
+
+    def saw_versions(self, versions: Iterable[str]) -> None:
+        self._client._saw_versions(versions, notify=False)
+
+    def listen_for_versions(self, listener: Callable[[], None]) -> None:
+        self._client._version_listeners.append(listener)
+
+    def stop_listening(self, listener: Callable[[], None]) -> None:
+        if listener in self._client._version_listeners:
+            self._client._version_listeners.remove(listener)
+
+    def place(self, prompt: Prompt, work: int, in_flight: int) -> Endpoint | None:
+        return self._client._place(prompt, work, in_flight)
+
+    async def choose(self, prompt: Prompt, work: int) -> Endpoint:
+        return await self._client._choose(prompt=prompt, work=work)
+
+    async def sample(self, group: GroupResult, index: int, sampling: Sampling, rollout_id: str,
+                     home: Endpoint) -> Sample:
+        return await self._client._sample(group, index, sampling, rollout_id, home)
+
+    async def abort(self, rollout_id: str) -> int:
+        return await self._client.abort(rollout_id)
 
 def _retry_after_s(reply: httpx.Response) -> float:
     """The reply's ``Retry-After`` in seconds (a number; a date or nothing: 1 s)."""

@@ -44,9 +44,9 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from samrollout_client.errors import RolloutFailed, SamrolloutError
 from samrollout_client.types import (
@@ -60,10 +60,52 @@ from samrollout_client.types import (
 )
 
 if TYPE_CHECKING:
-    from samrollout_client.client import AsyncRolloutClient
     from samrollout_client.endpoints import Endpoint
 
 STALE_POLICIES: tuple[StalePolicy, ...] = ("restart", "drop")
+
+
+class GroupSampler(Protocol):
+    """What a partial rollout needs of its client: where a group goes, one sample sent (with the client's
+    retries), and the weight versions it has met.  `AsyncRolloutClient` provides one; the rollout depends on
+    this and nothing else of the client, so neither module imports the other's internals."""
+
+    @property
+    def divide_after_tokens(self) -> int | None:
+        """Divided rollout's piece length (None: off); its sampling rules then apply."""
+
+    @property
+    def max_in_flight(self) -> int:
+        """Requests the client keeps in flight at most."""
+
+    @property
+    def weight_versions(self) -> list[str]:
+        """The versions met so far, newest last."""
+
+    async def refresh_versions(self) -> None:
+        """Ask every endpoint which version it serves."""
+
+    def saw_versions(self, versions: Iterable[str]) -> None:
+        """Record versions not met before as the newest, telling no listener."""
+
+    def listen_for_versions(self, listener: Callable[[], None]) -> None:
+        """Call ``listener`` whenever a newer version is met."""
+
+    def stop_listening(self, listener: Callable[[], None]) -> None:
+        """No more calls to ``listener`` (none if it was not listening)."""
+
+    def place(self, prompt: Prompt, work: int, in_flight: int) -> Endpoint | None:
+        """The endpoint for ``work`` requests of ``prompt`` among those up now (None: none is up)."""
+
+    async def choose(self, prompt: Prompt, work: int) -> Endpoint:
+        """An endpoint for ``work`` requests of ``prompt``, waiting for one to be up."""
+
+    async def sample(self, group: GroupResult, index: int, sampling: Sampling, rollout_id: str,
+                     home: Endpoint) -> Sample:
+        """Sample ``index`` of ``group``, sent to ``home`` (counted there) and retried elsewhere on failures."""
+
+    async def abort(self, rollout_id: str) -> int:
+        """Abort what the servers still run of ``rollout_id``."""
 
 
 @dataclass(eq=False)
@@ -88,7 +130,7 @@ class PartialRollout:
     as ``async with`` (or call `aclose`), and take batches with `next_batch` or ``async for``.
     """
 
-    def __init__(self, client: AsyncRolloutClient, prompts: Iterable[Prompt], *, group_size: int,
+    def __init__(self, client: GroupSampler, prompts: Iterable[Prompt], *, group_size: int,
                  batch_groups: int, sampling: Sampling | None = None, max_staleness: int | None = None,
                  on_stale: StalePolicy = "restart", max_concurrent_groups: int | None = None,
                  rollout_id: str | None = None) -> None:
@@ -152,8 +194,8 @@ class PartialRollout:
         if self._closed:
             raise RuntimeError("this partial rollout is closed")
         self._started = True
-        await self._client._refresh_versions()
-        self._client._version_listeners.append(self._on_new_version)
+        await self._client.refresh_versions()
+        self._client.listen_for_versions(self._on_new_version)
         self._fill()
 
     async def __aenter__(self) -> PartialRollout:
@@ -169,8 +211,7 @@ class PartialRollout:
             return
         self._closed = True
         self._changed.set()  # a next_batch waiting raises
-        with contextlib.suppress(ValueError):
-            self._client._version_listeners.remove(self._on_new_version)
+        self._client.stop_listening(self._on_new_version)
         tasks = [t for g in self._groups.values() for t in g.tasks.values()]
         for group in self._groups.values():
             group.over = True
@@ -279,8 +320,8 @@ class PartialRollout:
                 continue
             result = GroupResult(index=index, prompt=prompt, group_id=f"{self.rollout_id}.g{index}", samples=[])
             group = _Group(result=result, slots=[None] * self.group_size,
-                           home=self._client._place(prompt, self.group_size,
-                                                    in_flight=self.max_concurrent_groups * self.group_size))
+                           home=self._client.place(prompt, self.group_size,
+                                                   in_flight=self.max_concurrent_groups * self.group_size))
             self._groups[index] = group
             for sample in range(self.group_size):
                 self._launch(group, sample)
@@ -305,7 +346,7 @@ class PartialRollout:
             reserved.outstanding -= 1
         home = group.home
         if home is None or home.down:
-            home = group.home = await self._client._choose(prompt=group.result.prompt, work=1)
+            home = group.home = await self._client.choose(group.result.prompt, work=1)
         home.outstanding += 1
         return home
 
@@ -322,7 +363,7 @@ class PartialRollout:
         try:
             async with self._gate:
                 sent = True
-                return await client._sample(group.result, index, self.sampling, self.rollout_id, home)
+                return await client.sample(group.result, index, self.sampling, self.rollout_id, home)
         finally:
             if not sent:
                 home.outstanding -= 1
@@ -358,7 +399,7 @@ class PartialRollout:
         """Each version's place in `versions` (built again only when the history changed), ``versions`` included."""
         history = self.versions
         if any(v not in self._position for v in versions) or self._position_key != (len(history), history[-1]):
-            self._client._saw_versions(versions, notify=False)  # met only now: the newest
+            self._client.saw_versions(versions)  # met only now: the newest
             self._position = {version: index for index, version in enumerate(history)}
             self._position_key = (len(history), history[-1])
         return self._position

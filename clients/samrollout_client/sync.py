@@ -13,6 +13,7 @@ from samrollout_client.types import (
     GroupResult,
     InFlight,
     PartialRolloutStats,
+    PauseMode,
     Prompt,
     RolloutReport,
     Sampling,
@@ -76,7 +77,7 @@ class RolloutClient:
         return self._run(self._client.push_weights(weights, version, in_flight, shard_bytes=shard_bytes,
                                                    timeout_s=timeout_s))
 
-    def pause(self, mode: Literal["keep", "wait", "abort"] = "keep") -> None:
+    def pause(self, mode: PauseMode = "keep") -> None:
         """See `AsyncRolloutClient.pause`."""
         self._run(self._client.pause(mode))
 

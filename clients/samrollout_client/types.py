@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -13,6 +13,12 @@ InFlight = Literal["wait", "abort", "continue"]
 """What a weight update does to requests in flight: finish them on the old weights first (``wait``), end them
 (``abort``: they return what they have, ``finish_reason: "abort"``), or let them go on under the new weights in
 the same response (``continue``: their tokens then span two versions, see `Sample.weight_version_spans`)."""
+IN_FLIGHT_MODES: tuple[InFlight, ...] = get_args(InFlight)
+
+PauseMode = Literal["keep", "wait", "abort"]
+"""How ``/admin/pause`` holds generation: freeze running requests at a step boundary (``keep``), let them finish
+(``wait``), or end them (``abort``)."""
+PAUSE_MODES: tuple[PauseMode, ...] = get_args(PauseMode)
 
 
 class Sampling(BaseModel):

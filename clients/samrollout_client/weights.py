@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
+SHA256_HEADER = "X-Content-SHA256"  # the hex SHA-256 of the file an upload's PUT sends (the server checks it)
 DEFAULT_SHARD_BYTES = 2**30  # tensor bytes per serialised shard of a state dict
 CHUNK_BYTES = 2**20          # bytes per chunk streamed to the server
 HEADER_BYTES_PER_TENSOR = 256  # a generous estimate of one tensor's entry in a safetensors header

@@ -183,6 +183,10 @@ CUDA_DRAFT_RUNNING = 256  # CUDA: k drafts up to this many running requests; non
 
 
 CUDA_CRITICAL_PATH = (8, 8)  # CUDA: the 8 longest-running requests draft up to 8 tokens at every batch size
+# How the settings, the Helm values and the docs write the CUDA defaults (K: --k); tests/test_default_copies.py
+# fails where a copy says otherwise.
+CUDA_DRAFT_RANGE_TEXT = f"{CUDA_LONG_DRAFT_RUNNING}:{LONG_TAIL_DRAFTS},{CUDA_DRAFT_RUNNING}:K"
+CUDA_CRITICAL_PATH_TEXT = f"{CUDA_CRITICAL_PATH[0]}:{CUDA_CRITICAL_PATH[1]}"
 
 
 def default_critical_path(setting: str, device: DeviceKind) -> tuple[int, int]:

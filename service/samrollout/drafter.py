@@ -27,8 +27,14 @@ DRAFT_SOURCES: tuple[DraftSourceName, ...] = get_args(DraftSourceName)
 # The native core's DraftSource values by name (service/csrc/drafter.hpp); a step reports -1 for no draft.
 _SOURCE_NAMES: dict[int, DraftSourceName] = {int(member.value): cast(DraftSourceName, member.name)
                                              for member in core.DraftSource}
-if sorted(_SOURCE_NAMES.values()) != sorted(DRAFT_SOURCES):
-    raise ImportError(f"the native core's draft sources {sorted(_SOURCE_NAMES.values())} are not {DRAFT_SOURCES}")
+# Every enum the policy names by value must be the native core's, member for member: a mismatch is a
+# rebuilt core out of step with this module, said at import rather than as a KeyError mid-rollout.
+for _native_enum, _names in ((core.DraftSource, DRAFT_SOURCES), (core.Occurrence, get_args(Occurrence)),
+                             (core.Source, get_args(Source))):
+    _native_names = sorted(member.name for member in _native_enum)
+    if _native_names != sorted(_names):
+        raise ImportError(f"the native core's {_native_enum.__name__} values {_native_names} are not {sorted(_names)}:"
+                          " rebuild the core (make install) or update samrollout/drafter.py")
 # What min_match_length="auto" becomes (see DraftPolicy): verifying drafts is compute-bound on CPUs.
 CPU_MIN_MATCH_LENGTH = 2
 ACCELERATOR_MIN_MATCH_LENGTH = 1

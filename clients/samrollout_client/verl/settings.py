@@ -11,7 +11,9 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
+
+from samrollout_client.types import IN_FLIGHT_MODES, InFlight
 
 URLS_ENV = "SAMROLLOUT_URLS"
 API_KEY_ENV = "SAMROLLOUT_API_KEY"
@@ -24,7 +26,7 @@ class VerlBackendSettings:
     urls: tuple[str, ...]
     api_key: str | None = None
     request_timeout_s: float = 3600.0            # one response may be a 32K-token reasoning trace
-    in_flight: Literal["wait", "abort", "continue"] = "abort"  # what a weight push does to requests still running
+    in_flight: InFlight = "abort"  # what a weight push does to requests still running
     shard_megabytes: int = 512                     # safetensors shard size of a weight push (client memory)
     sleep_servers: bool = False  # map veRL's sleep/wake to /admin/sleep|wake (servers sharing the trainer's GPUs)
     extra: dict[str, Any] = field(default_factory=dict)  # other fields sent as they are with every request
@@ -57,9 +59,9 @@ def backend_settings(rollout_config: Any) -> VerlBackendSettings:
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"samrollout rollout backend: server URL {url!r} must start with http:// or https://")
     in_flight = section.get("in_flight", "abort")
-    if in_flight not in ("wait", "abort", "continue"):
-        raise ValueError("samrollout rollout backend: in_flight must be 'wait', 'abort' or 'continue', got "
-                         f"{in_flight!r}")
+    if in_flight not in IN_FLIGHT_MODES:
+        allowed = ", ".join(map(repr, IN_FLIGHT_MODES))
+        raise ValueError(f"samrollout rollout backend: in_flight must be one of {allowed}, got {in_flight!r}")
     return VerlBackendSettings(
         urls=tuple(u.rstrip("/") for u in urls),
         api_key=section.get("api_key") or os.environ.get(API_KEY_ENV) or None,

@@ -52,7 +52,7 @@ class RolloutState:
     finish_reasons: Counter[str] = field(default_factory=Counter)
     weight_versions: Counter[str] = field(default_factory=Counter)  # sequences per weight version
     done: bool = False
-    threshold: int = 8
+    threshold: int = field(kw_only=True)  # the server's (`RolloutTracker`): where its tail starts
 
     def tail_seconds(self, now: float) -> float:
         """Time in the tail so far (all of it if the rollout never ran above the threshold)."""

@@ -22,8 +22,10 @@ from starlette.requests import ClientDisconnect
 from samrollout.server.auth import require_api_key
 from samrollout.server.errors import ApiError
 from samrollout.server.rl_fields import ID_PATTERN
-from samrollout.server.runtime import InFlightChoice, ServerRuntime
-from samrollout.server.weight_uploads import SHA256_HEADER, WeightUploads
+from samrollout.server.runtime import ServerRuntime
+from samrollout.server.weight_uploads import WeightUploads
+from samrollout_client.types import InFlight, PauseMode
+from samrollout_client.weights import SHA256_HEADER
 
 router = APIRouter(prefix="/admin", dependencies=[Depends(require_api_key)])
 _ERRORS: dict[int | str, dict[str, Any]] = {400: {"description": "bad request"}, 401: {"description": "no key"},
@@ -43,20 +45,20 @@ class UpdateWeights(_Body):
 
     path: str = Field(min_length=1, description="directory with the new *.safetensors (same architecture)")
     version: str = Field(min_length=1, max_length=128, description="weight version reported with responses")
-    in_flight: InFlightChoice = Field("wait", description=_IN_FLIGHT)
+    in_flight: InFlight = Field("wait", description=_IN_FLIGHT)
 
 
 class CommitUpload(_Body):
     """The version tag of the uploaded weights, and what happens to requests in flight while they load."""
 
     version: str = Field(min_length=1, max_length=128, description="weight version reported with responses")
-    in_flight: InFlightChoice = Field("wait", description=_IN_FLIGHT)
+    in_flight: InFlight = Field("wait", description=_IN_FLIGHT)
 
 
 class Pause(_Body):
     """How pausing treats requests in flight: keep them frozen, wait for them, or abort them."""
 
-    mode: Literal["keep", "wait", "abort"] = "keep"
+    mode: PauseMode = "keep"
 
 
 class Sleep(_Body):

@@ -124,10 +124,11 @@ class _RequestLabels:
         return self.labels.choices(self.engine_ids, self.n)
 
     def stamp(self, payload: dict[str, Any], body: bool = False) -> None:
-        """Label a body or chunk: each choice with its sequence's version, the whole with the chunk's choice's
-        (the request's label where it carries no labelled choice).  Each choice of a ``body``, and each choice a
-        chunk ends (it has a finish reason), also gets its ``weight_version_spans`` (`weight_labels`): which of its
-        tokens each version sampled, over all its tokens (for a stream: all its chunks')."""
+        """Label a body or chunk: each choice with its sequence's version, the whole with the request's label (a
+        body) or the chunk's choice's (a chunk; the request's label where it carries no labelled choice).  Each
+        choice of a ``body``, and each choice a chunk ends (it has a finish reason), also gets its
+        ``weight_version_spans`` (`weight_labels`): which of its tokens each version sampled, over all its tokens
+        (for a stream: all its chunks')."""
         labels, choices = self.choices(), payload.get("choices") or []
         versions = [labels.get(int(choice.get("index", 0))) for choice in choices]
         request = self.request()
@@ -136,7 +137,8 @@ class _RequestLabels:
             choice["weight_version"] = version or request
             if body or choice.get("finish_reason") is not None:
                 choice["weight_version_spans"] = spans.get(int(choice.get("index", 0)), [])
-        payload["weight_version"] = next((v for v in versions if v is not None), request)
+        # A body's label is the request's (its first sampled token's version); a chunk's, its choice's.
+        payload["weight_version"] = request if body else next((v for v in versions if v is not None), request)
 
     def forget(self) -> None:
         """The request ended: drop its labels."""
@@ -189,7 +191,6 @@ async def _generate(runtime: ServerRuntime, request: AnyRolloutRequest,
             body = result.model_dump(exclude_none=False)
             body.update(fields)
             labels.stamp(body, body=True)  # the versions that sampled its tokens, not the one serving now
-            body["weight_version"] = labels.request()
             if rollout is not None:
                 runtime.rollouts.end(rollout, sequences, outcomes_of(body))
                 rollout = None

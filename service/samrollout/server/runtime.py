@@ -16,7 +16,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from starlette.datastructures import State
 
@@ -44,9 +44,9 @@ from samrollout.server.weight_labels import WeightLabels, labelling_client
 from samrollout.server.weight_uploads import WeightUploads, default_max_bytes, default_staging_root
 from samrollout.server.weights_check import Layout, WeightsError, check_weights_dir, checkpoint_layout
 from samrollout.spec_decode.stats import ProposerStats
+from samrollout_client.types import InFlight, PauseMode
 
 logger = logging.getLogger("samrollout.server")
-InFlightChoice = Literal["wait", "abort", "continue"]
 
 
 def resolve_model(settings: ServerSettings) -> str:
@@ -123,7 +123,7 @@ class ServerRuntime:
             await self.generation.abort(ids)
         return len(requests)
 
-    async def pause(self, mode: str, clear_cache: bool) -> None:
+    async def pause(self, mode: PauseMode, clear_cache: bool) -> None:
         """Pause generation; with mode "abort", sequences still waiting for admission end too."""
         from samrollout.server.vllm_serving import pause_engine
 
@@ -144,11 +144,11 @@ class ServerRuntime:
             status.update(self.generation.scheduler.status())
         return status
 
-    async def update_weights(self, path: str, version: str, in_flight: InFlightChoice) -> dict[str, Any]:
+    async def update_weights(self, path: str, version: str, in_flight: InFlight) -> dict[str, Any]:
         """Load new policy weights from the directory ``path`` (``POST /admin/update_weights``); see `load_weights`."""
         return await self.load_weights(path, version, in_flight, param="path", source=path)
 
-    async def load_weights(self, path: str, version: str, in_flight: InFlightChoice, *, param: str | None,
+    async def load_weights(self, path: str, version: str, in_flight: InFlight, *, param: str | None,
                            source: str) -> dict[str, Any]:
         """Load new policy weights from the directory ``path`` between steps and serve them as ``version``.
 

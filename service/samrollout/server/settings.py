@@ -25,6 +25,9 @@ from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from samrollout.config import (
+    CUDA_CRITICAL_PATH_TEXT,
+    CUDA_DRAFT_RANGE_TEXT,
+    LONG_TAIL_DRAFTS,
     SPECULATION_LIMITS,
     DeviceKind,
     SpeculationConfig,
@@ -81,8 +84,8 @@ class ServerSettings(BaseSettings):
         "auto", json_schema_extra=_metavar("auto|none|R:K,..."),
         description='draft length by running requests, "R:K,..." (k drafts while at most R run, none '
         'above the last R), e.g. "2:16,8:8"; "none": --k up to --threshold; "auto": the backend\'s projected '
-        "default (CUDA: 32:8,256:K with K = --k, 8 raised to --k if larger; CPU and NPU: none, --k up to "
-        "--threshold)")
+        f"default (CUDA: {CUDA_DRAFT_RANGE_TEXT} with K = --k, {LONG_TAIL_DRAFTS} raised to --k if larger; CPU and "
+        "NPU: none, --k up to --threshold)")
     group_drafting: bool = _speculation(
         "group_drafting", description="siblings of one group draft from a shared automaton")
     draft_history_tokens: int = _speculation(
@@ -97,7 +100,7 @@ class ServerSettings(BaseSettings):
         "auto", json_schema_extra=_metavar("auto|none|ROWS:K"),
         description='critical-path drafting, "ROWS:K": at every batch size the ROWS running requests '
         "that have run longest (and longer than the rest) draft up to K tokens; \"none\": off; \"auto\": the "
-        "backend's projected default (CUDA: 8:8; CPU and NPU: none)")
+        f"backend's projected default (CUDA: {CUDA_CRITICAL_PATH_TEXT}; CPU and NPU: none)")
     draft_history_responses: int = _speculation(
         "history_responses", metavar="N",
         description="earlier responses kept per prompt (the newest)")

@@ -36,11 +36,11 @@ from typing import Any, BinaryIO
 
 from samrollout.server.errors import ApiError
 from samrollout.server.weights_check import DTYPE_BITS, Layout
+from samrollout_client.weights import SHA256_HEADER
 
 logger = logging.getLogger("samrollout.server")
 
 STAGING_SUBDIR = "samrollout-weight-uploads"  # under the system temp dir, unless --weight-staging-dir is set
-SHA256_HEADER = "X-Content-SHA256"             # the hex SHA-256 of the file a PUT sends, checked at its end
 FILE_NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}\.safetensors"  # a plain name: no directory, no dot file
 UNKNOWN_MODEL_MAX_BYTES = 64 * 2**30  # default upload bound when the served checkpoint's size is unknown
 HEADER_ALLOWANCE_BYTES = 64 * 2**20   # added to the default bound: headers of any sharding, metadata

@@ -7,6 +7,9 @@ exponent bits: a float is NaN or infinite exactly when all its exponent bits are
 float8 e4m3, which has no infinity, when exponent and mantissa are all set).  That is one
 integer AND and compare per value in numpy, with no conversion to a wider type, so any
 floating dtype costs the same per byte; integer and boolean tensors need no check.
+
+It reports what it found and raises nothing of its own: `weights_check` turns a finding into
+its `WeightsError`, so this module depends on no other of the server's.
 """
 
 from __future__ import annotations
@@ -16,8 +19,6 @@ import struct
 from pathlib import Path
 
 import numpy as np
-
-from samrollout.server.weights_check import WeightsError
 
 # safetensors dtype -> (unsigned view, mask, value): x is NaN or infinite iff (x & mask) == value.
 _NON_FINITE: dict[str, tuple[type[np.unsignedinteger], int, int]] = {
@@ -56,8 +57,9 @@ def _first_non_finite(data: np.memmap, dtype: str, begin: int, end: int) -> int 
     return None
 
 
-def check_finite(files: list[Path]) -> None:
-    """WeightsError naming the first tensor (and file) holding a NaN or infinite value; files read once each."""
+def first_non_finite(files: list[Path]) -> str | None:
+    """What is wrong, naming the first tensor (and file) that holds a NaN or infinite value; None when every
+    floating-point value is finite.  Each file is read once."""
     for path in files:
         data_start, entries = _tensors(path)
         if not any(dtype in _NON_FINITE for _, dtype, _, _ in entries):
@@ -69,7 +71,8 @@ def check_finite(files: list[Path]) -> None:
                     continue
                 index = _first_non_finite(data, dtype, data_start + begin, data_start + end)
                 if index is not None:
-                    raise WeightsError(f"{path.name}: tensor {name!r} ({dtype}) holds NaN or infinite values "
-                                       f"(the first at flat index {index}); the served weights are kept")
+                    return (f"{path.name}: tensor {name!r} ({dtype}) holds NaN or infinite values "
+                            f"(the first at flat index {index})")
         finally:
             del data
+    return None

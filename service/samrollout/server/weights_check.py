@@ -21,6 +21,8 @@ import stat
 import struct
 from pathlib import Path
 
+from samrollout.server.weight_values import first_non_finite
+
 logger = logging.getLogger("samrollout.server")
 
 TensorSpec = tuple[tuple[int, ...], str]  # shape, safetensors dtype name ("BF16", "F32", ...)
@@ -194,15 +196,15 @@ def check_weights_dir(path: str, expected: Layout | None, values: bool = False) 
     there with the same shape and dtype, and none may be missing.  None: files are checked,
     the layout is not (the served model is not a local safetensors checkpoint).
     ``values``: also read every floating-point tensor once and refuse NaN or infinite values
-    (`weight_values.check_finite`), after the headers and layout passed.
+    (`weight_values.first_non_finite`), after the headers and layout passed.
     """
     found = read_directory(path)
     if expected is not None:
         _check_layout(found, expected)
     if values:
-        from samrollout.server.weight_values import check_finite
-
-        check_finite(_weight_files(path))
+        finding = first_non_finite(_weight_files(path))
+        if finding is not None:
+            raise WeightsError(f"{finding}; the served weights are kept")
     return Path(path)
 
 

@@ -14,19 +14,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from samrollout.server.admission import AdmissionEntry, AdmissionScheduler, admission_headroom
+from samrollout.server.admission import SCHEDULING_POLICIES, AdmissionEntry, AdmissionScheduler, admission_headroom
 from samrollout.server.length_predictor import LengthPredictor
 from samrollout.sim.state import SimInstance, SimSequence, SimSettings
-
-SCHEDULING = ("fcfs", "length-aware")
 
 
 class Admission:
     """Admission order on every instance of one simulated run (see the module docstring)."""
 
     def __init__(self, settings: SimSettings) -> None:
-        if settings.scheduling not in SCHEDULING:
-            raise ValueError(f"scheduling must be fcfs or length-aware, got {settings.scheduling!r}")
+        if settings.scheduling not in SCHEDULING_POLICIES:
+            raise ValueError(f"scheduling must be one of {', '.join(SCHEDULING_POLICIES)}, got {settings.scheduling!r}")
         self.length_aware = settings.scheduling == "length-aware"
         self.capacity = settings.slots + admission_headroom(settings.slots)
         self._schedulers: dict[int, AdmissionScheduler] = {}

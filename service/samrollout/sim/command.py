@@ -43,12 +43,15 @@ from samrollout.replay.traces import (
     split_paths,
     vocab_size,
 )
+from samrollout.server.admission import SCHEDULING_POLICIES, SchedulingPolicy
 from samrollout.sim.cost import CostTable
 from samrollout.sim.rollout import SimResult, SimSettings, simulate
 
 DEFAULT_MODES = "off,ngram,suffix,samrollout,samrollout+fcfs"
 _MODE = re.compile(r"^(off|ngram|suffix|suffix-nocache|samrollout)((?:-[ktcsm]\d+|-[rp]\d+\.\d+)*)"
-                   r"(\+length-aware|\+fcfs)?$")
+                   rf"(\+(?:{'|'.join(map(re.escape, SCHEDULING_POLICIES))}))?$")
+ModePlan = tuple[str, int, SpeculationConfig | None, SchedulingPolicy]
+"""A mode's (drafter kind, k, our config or None, scheduling)."""
 _DIVIDED = re.compile(r"\+divided(\d+)?$")
 DIVIDE_AFTER_TOKENS = 1024  # "+divided": the client's divide_after_tokens for the projection
 
@@ -96,13 +99,13 @@ def device_kind_of(args: argparse.Namespace, cost: CostTable) -> DeviceKind:
     return "cuda" if cost.device.startswith("cuda") else "npu" if cost.device.startswith("npu") else "cpu"
 
 
-def mode_settings(name: str, device_kind: DeviceKind) -> tuple[str, int, SpeculationConfig | None, str]:
+def mode_settings(name: str, device_kind: DeviceKind) -> ModePlan:
     """(drafter kind, k, our config or None, scheduling) of a mode name; ValueError for unknown names."""
     match = _MODE.match(_DIVIDED.sub("", name))
     if match is None:
         raise ValueError(f"unknown mode {name!r}: see `samrollout simulate --help`")
     base, options, order = match.groups()
-    scheduling = order[1:] if order else "fcfs"
+    scheduling: SchedulingPolicy = cast(SchedulingPolicy, order[1:]) if order else "fcfs"
     parts = [opt for opt in options.split("-") if opt]
     values = {opt[0]: int(opt[1:]) for opt in parts if opt[0] not in "rp"}
     critical = [tuple(int(x) for x in opt[1:].split(".")) for opt in parts if opt[0] == "p"]
@@ -120,7 +123,7 @@ def mode_settings(name: str, device_kind: DeviceKind) -> tuple[str, int, Specula
     server = ServerSettings.model_validate({})
     config = server.speculation_config(device_kind)
     assert config is not None
-    scheduling = order[1:] if order else server.rollout_scheduling
+    scheduling = cast(SchedulingPolicy, order[1:]) if order else server.rollout_scheduling
     if "t" in values:
         config = replace(config, threshold=values["t"],
                          draft_range=None if config.draft_range is None else
@@ -203,7 +206,7 @@ def write_report(args: argparse.Namespace, cost: CostTable, device_kind: DeviceK
 
 
 def project(path: str, which: str, groups: list[TraceGroup], earlier: list[Any], settings: SimSettings,
-            plans: dict[str, tuple[str, int, SpeculationConfig | None, str]], vocab: int, cost: CostTable,
+            plans: dict[str, ModePlan], vocab: int, cost: CostTable,
             device_kind: DeviceKind) -> dict[str, Any]:
     """One projection (a file, filter, slots and instances): every mode simulated, printed as a table."""
     results: dict[str, SimResult] = {}

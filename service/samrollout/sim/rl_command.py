@@ -24,9 +24,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from samrollout.config import DEVICE_KINDS, DeviceKind, SpeculationConfig
+from samrollout.config import DEVICE_KINDS, DeviceKind
 from samrollout.replay.traces import TraceError, load_traces, response_filters, select, split_paths, vocab_size
-from samrollout.sim.command import device_kind_of, drafter_factory, mode_settings, write_report
+from samrollout.sim.command import ModePlan, device_kind_of, drafter_factory, mode_settings, write_report
 from samrollout.sim.cost import CostTable
 from samrollout.sim.rl_loop import (
     SIM_PLACEMENTS,
@@ -44,7 +44,6 @@ LOOP_NAMES = {"sync": "sync-wait", "sync-abort": "sync-abort", "async": "async-c
 MODE_PREFIX = {loop: name for name, loop in LOOP_NAMES.items()}
 DEFAULT_LOOPS = "sync,async"
 DEFAULT_DRAFTERS = "off,suffix,samrollout"
-Plan = tuple[str, int, SpeculationConfig | None, str]
 
 
 def add_simulate_rl_parser(commands: Any) -> None:
@@ -151,7 +150,7 @@ class _Task:
 
     name: str
     stream: list[LoopGroup]
-    plan: Plan
+    plan: ModePlan
     loop: LoopSettings
     sim: SimSettings
     vocab: int
@@ -194,7 +193,7 @@ def _run_all(tasks: list[_Task], jobs: int) -> list[dict[str, Any]]:
 
 
 def project(args: argparse.Namespace, shape: dict[str, Any], stream: list[LoopGroup], sim: SimSettings,
-            updates: UpdateCosts, loops: list[str], drafters: dict[str, Plan], placements: list[str], vocab: int,
+            updates: UpdateCosts, loops: list[str], drafters: dict[str, ModePlan], placements: list[str], vocab: int,
             cost: CostTable, device_kind: DeviceKind) -> list[dict[str, Any]]:
     """One shape under every placement, training time and staleness bound: a projection each, printed.
 
@@ -207,7 +206,7 @@ def project(args: argparse.Namespace, shape: dict[str, Any], stream: list[LoopGr
     bases = {placement: LoopSettings(loop="sync-wait", steps=0, batch_groups=batch, placement=placement,  # type: ignore[arg-type]
                                      oversample=args.oversample, max_concurrent_groups=args.max_concurrent_groups,
                                      updates=updates) for placement in placements}
-    off = ("off", 1, None, "fcfs")
+    off: ModePlan = ("off", 1, None, "fcfs")
     baselines = _run_all([_Task("sync-off", stream, off, replace(base, train_s=0.0, steps=_steps(
         args, stream, batch, "sync-wait")), sim, vocab, cost, device_kind) for base in bases.values()]
         if any(ratios) else [], args.jobs)

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from samrollout.replay.protocol import ReplayDrafter
+from samrollout.server.admission import SchedulingPolicy
 
 
 @dataclass(frozen=True)
@@ -19,7 +20,7 @@ class SimSettings:
     slots: int = 64
     kv_tokens: int | None = None
     instances: int = 1
-    scheduling: str = "fcfs"
+    scheduling: SchedulingPolicy = "fcfs"
     charge_drafter: bool = True
     drafter_time_scale: float = 1.0  # the drafter's measured CPU time is charged times this (0.5: a CPU twice as fast)
     tail_rows: int = 8

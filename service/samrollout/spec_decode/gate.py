@@ -108,7 +108,7 @@ class AdaptiveGate(Gate):
     drafted tokens gets no drafts for ``mute_steps`` steps, then is tried again.
     """
 
-    threshold: int = 8
+    threshold: int = SpeculationConfig.threshold
     alpha: float = 0.1
     min_samples: int = 3
     explore_every: int = 16
