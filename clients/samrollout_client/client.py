@@ -80,6 +80,7 @@ from samrollout_client.types import (
     SpecStats,
     StalePolicy,
     WeightPush,
+    is_prompt,
 )
 from samrollout_client.weights import DEFAULT_SHARD_BYTES, SHA256_HEADER, WeightFile, WeightFiles, WeightsSource
 
@@ -160,8 +161,7 @@ class AsyncRolloutClient:
         if not prompts:
             return []
         for index, prompt in enumerate(prompts):
-            if not isinstance(prompt, str) and not (isinstance(prompt, list) and prompt
-                                                    and all(isinstance(t, int) for t in prompt)):
+            if not is_prompt(prompt):
                 raise ValueError(f"prompt {index} must be a string or a non-empty list of token ids")
         sampling = sampling or Sampling()
         if self.divide_after_tokens is not None:
@@ -206,6 +206,12 @@ class AsyncRolloutClient:
                          and not any(f.group == g and f.sample == s for f in failures)]
         finally:
             bar.close()
+        return self._settled(rollout_id, groups, slots, failures)
+
+    def _settled(self, rollout_id: str, groups: list[GroupResult], slots: list[list[Sample | None]],
+                 failures: list[SampleFailure]) -> list[GroupResult]:
+        """A rollout's groups with their samples, their lengths remembered for placement; RolloutFailed (carrying
+        them) if any sample is missing."""
         for group in groups:
             group.samples = [s for s in slots[group.index] if s is not None]
             self.history.record(group.prompt, [len(s.token_ids) for s in group.samples if s.finish_reason != "abort"])

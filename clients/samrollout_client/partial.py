@@ -57,6 +57,7 @@ from samrollout_client.types import (
     SampleFailure,
     Sampling,
     StalePolicy,
+    is_prompt,
 )
 
 if TYPE_CHECKING:
@@ -312,8 +313,7 @@ class PartialRollout:
             index = self._next_index
             self._next_index += 1
             self.stats.groups_started += 1
-            if not isinstance(prompt, str) and not (isinstance(prompt, list) and prompt
-                                                    and all(isinstance(t, int) for t in prompt)):
+            if not is_prompt(prompt):
                 self._failures.append(SampleFailure(group=index, sample=0, error=f"prompt {index} must be a string "
                                                     "or a non-empty list of token ids"))
                 self.stats.groups_failed += 1

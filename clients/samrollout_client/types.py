@@ -9,6 +9,12 @@ from pydantic import BaseModel, ConfigDict, Field
 
 Prompt = str | list[int]
 
+
+def is_prompt(value: object) -> bool:
+    """Whether ``value`` is a prompt the server takes: a string, or a non-empty list of token ids."""
+    return isinstance(value, str) or (isinstance(value, list) and bool(value)
+                                      and all(isinstance(t, int) for t in value))
+
 InFlight = Literal["wait", "abort", "continue"]
 """What a weight update does to requests in flight: finish them on the old weights first (``wait``), end them
 (``abort``: they return what they have, ``finish_reason: "abort"``), or let them go on under the new weights in

@@ -151,6 +151,18 @@ def accepted_length(draft: Sequence[int], truth: list[int], pos: int, k: int) ->
     return n
 
 
+@dataclass
+class _Rows:
+    """The responses of one replay still running: each one's full text, prompt length, true tokens, how far it
+    got, and the tokens the drafter has not seen yet."""
+
+    full: dict[int, np.ndarray] = field(default_factory=dict)
+    prompt_length: dict[int, int] = field(default_factory=dict)
+    truth: dict[int, list[int]] = field(default_factory=dict)
+    position: dict[int, int] = field(default_factory=dict)
+    pending: dict[int, list[int]] = field(default_factory=dict)
+
+
 def replay(drafter: ReplayDrafter | SourceOracle, groups: list[TraceGroup], k: int, tail_rows: int = 16,
            threshold: int | None = None, history: Sequence[Sequence[np.ndarray]] | None = None) -> ReplayResult:
     """Replay every response through ``drafter`` as one rollout and count what a greedy verifier accepts.
@@ -161,38 +173,20 @@ def replay(drafter: ReplayDrafter | SourceOracle, groups: list[TraceGroup], k: i
     """
     sources = list(drafter.sources) if isinstance(drafter, SourceOracle) else []
     result = ReplayResult(drafter.name, k, tail_rows=tail_rows, threshold=threshold, sources=sources)
-    full: dict[int, np.ndarray] = {}
-    prompt_length: dict[int, int] = {}
-    truth: dict[int, list[int]] = {}
-    position: dict[int, int] = {}
-    pending: dict[int, list[int]] = {}
     configure = getattr(drafter, "configure", None)
     if configure is not None:
         configure(k, threshold)  # ours: the engine's session, gated as the engine gates
     for group_index, earlier in enumerate(history or []):
         remember(drafter, group_index, groups[group_index].prompt, earlier)
-    for group_index, group in enumerate(groups):
-        for response in group.responses:
-            if len(response) < 2:
-                continue  # the first token comes from prefill: nothing to speculate on
-            seq_id = len(full)
-            start = time.perf_counter()
-            drafter.add(seq_id, group_index, group.prompt)
-            result.lifecycle_seconds += time.perf_counter() - start
-            result.indexed_tokens += len(group.prompt)
-            full[seq_id] = np.concatenate([group.prompt, response])
-            prompt_length[seq_id] = len(group.prompt)
-            truth[seq_id] = response.tolist()
-            position[seq_id] = 1
-            pending[seq_id] = truth[seq_id][:1]
+    rows = _admit_all(drafter, groups, result)
     # The first position at which at most tail_rows responses are still unfinished.
-    lengths = sorted((len(r) for r in truth.values()), reverse=True)
+    lengths = sorted((len(r) for r in rows.truth.values()), reverse=True)
     tail_start = lengths[tail_rows] if len(lengths) > tail_rows else 0
-    while position:
-        ids = list(position)
-        contexts = [full[i][: prompt_length[i] + position[i]] for i in ids]
-        new = [pending[i] for i in ids]
-        self_gated = getattr(drafter, "gates_itself", False)  # ours: the engine's session gates its own drafts
+    self_gated = getattr(drafter, "gates_itself", False)  # ours: the engine's session gates its own drafts
+    while rows.position:
+        ids = list(rows.position)
+        contexts = [rows.full[i][: rows.prompt_length[i] + rows.position[i]] for i in ids]
+        new = [rows.pending[i] for i in ids]
         gated = not self_gated and threshold is not None and len(ids) > threshold
         start = time.perf_counter()
         drafts: list[Any]
@@ -207,25 +201,54 @@ def replay(drafter: ReplayDrafter | SourceOracle, groups: list[TraceGroup], k: i
         if (drafter.last_step_allowed if self_gated else not gated):  # type: ignore[union-attr]
             result.drafting_steps += len(ids)
         for seq_id, draft in zip(ids, drafts, strict=True):
-            pos = position[seq_id]
-            if gated:
-                draft = []
-            elif sources:
-                draft = _best_candidate(result, draft, truth[seq_id], pos, k)
-            before = result.tokens
-            _verify(result, draft, truth[seq_id], pos, k)
-            if pos >= tail_start:
-                result.tail_steps += 1
-                result.tail_tokens += result.tokens - before
-            advance = result.tokens - before
-            pending[seq_id] = truth[seq_id][pos: pos + advance]
-            position[seq_id] = pos + advance
-        for seq_id in [i for i in ids if position[i] >= len(truth[i])]:
+            _advance(result, rows, seq_id, draft, gated, k, tail_start)
+        for seq_id in [i for i in ids if rows.position[i] >= len(rows.truth[i])]:
             start = time.perf_counter()
             drafter.remove(seq_id)
             result.lifecycle_seconds += time.perf_counter() - start
-            del position[seq_id], pending[seq_id]
+            del rows.position[seq_id], rows.pending[seq_id]
     return result
+
+
+def _admit_all(drafter: ReplayDrafter | SourceOracle, groups: list[TraceGroup], result: ReplayResult) -> _Rows:
+    """Every response of at least two tokens added to ``drafter`` (its first token came from prefill: nothing to
+    speculate on), positioned after that token."""
+    rows = _Rows()
+    for group_index, group in enumerate(groups):
+        for response in group.responses:
+            if len(response) < 2:
+                continue
+            seq_id = len(rows.full)
+            start = time.perf_counter()
+            drafter.add(seq_id, group_index, group.prompt)
+            result.lifecycle_seconds += time.perf_counter() - start
+            result.indexed_tokens += len(group.prompt)
+            rows.full[seq_id] = np.concatenate([group.prompt, response])
+            rows.prompt_length[seq_id] = len(group.prompt)
+            rows.truth[seq_id] = response.tolist()
+            rows.position[seq_id] = 1
+            rows.pending[seq_id] = rows.truth[seq_id][:1]
+    return rows
+
+
+def _advance(result: ReplayResult, rows: _Rows, seq_id: int, draft: Any, gated: bool, k: int,
+             tail_start: int) -> None:
+    """One response's round: its draft verified (none where the round is ``gated``; with candidate sources, the
+    best one), its position moved on by what was accepted plus the bonus token, the tail's counters where it is
+    past ``tail_start``."""
+    pos = rows.position[seq_id]
+    if gated:
+        draft = []
+    elif result.sources:
+        draft = _best_candidate(result, draft, rows.truth[seq_id], pos, k)
+    before = result.tokens
+    _verify(result, draft, rows.truth[seq_id], pos, k)
+    advance = result.tokens - before
+    if pos >= tail_start:
+        result.tail_steps += 1
+        result.tail_tokens += advance
+    rows.pending[seq_id] = rows.truth[seq_id][pos: pos + advance]
+    rows.position[seq_id] = pos + advance
 
 
 def _best_candidate(result: ReplayResult, candidates: Sequence[Sequence[int]], truth: list[int], pos: int,

@@ -167,16 +167,7 @@ class ServerRuntime:
         """
         from samrollout.server.vllm_serving import set_engine_weight_version
 
-        limit = self.settings.weight_check_timeout
-        try:  # file IO: off the event loop, in its own thread, bounded in time
-            folder = await call_with_deadline(check_weights_dir, path, self.expected_weights,
-                                              self.settings.weight_value_check, timeout=limit,
-                                              name="samrollout-weights-check")
-        except WeightsError as error:
-            raise ApiError(400, f"weights not loaded: {error}", param) from None
-        except TimeoutError:
-            raise ApiError(400, f"weights not loaded: reading the files took over {limit:g} s "
-                           "(--weight-check-timeout); the served weights are kept", param) from None
+        folder = await self._checked_weights(path, param)
         async with self.update_lock:
             old = self.weight_version
             held = time.monotonic()
@@ -209,6 +200,20 @@ class ServerRuntime:
         logger.info("weights %s -> %s loaded from %s (in-flight: %s; generation held %.3f s%s)", old, version, source,
                     in_flight, paused, f", {len(carried)} sequences continued" if in_flight == "continue" else "")
         return result
+
+    async def _checked_weights(self, path: str, param: str | None) -> Path:
+        """The directory ``path`` once its files passed `check_weights_dir` (file IO off the event loop, in its own
+        thread, bounded by --weight-check-timeout); a 400 naming ``param`` otherwise, the served weights kept."""
+        limit = self.settings.weight_check_timeout
+        try:
+            return await call_with_deadline(check_weights_dir, path, self.expected_weights,
+                                            self.settings.weight_value_check, timeout=limit,
+                                            name="samrollout-weights-check")
+        except WeightsError as error:
+            raise ApiError(400, f"weights not loaded: {error}", param) from None
+        except TimeoutError:
+            raise ApiError(400, f"weights not loaded: reading the files took over {limit:g} s "
+                           "(--weight-check-timeout); the served weights are kept", param) from None
 
     async def _preempt_in_flight(self) -> dict[tuple[str, int], SequenceProgress]:
         """After the "keep" pause of a ``"continue"`` update: every running request preempted; how far each got.

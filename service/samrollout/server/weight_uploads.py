@@ -174,8 +174,36 @@ class WeightUploads:
         upload.writers += 1
         upload.touched = self._clock()
         part = upload.folder / f".{name}.{secrets.token_hex(4)}.part"
-        received = 0
-        hasher = hashlib.sha256()
+        try:
+            received, found = await self._write_part(upload, name, part, chunks)
+            if upload.closed:
+                raise ApiError(404, f"weight upload {upload_id} was cancelled or expired while {name} was being "
+                               "received", "upload_id")
+            if found != digest:
+                raise ApiError(400, f"{name}: the {received} bytes received have SHA-256 {found}, the "
+                               f"{SHA256_HEADER} header says {digest}: the file was damaged on the way or the "
+                               "checksum is not this file's; send it again", SHA256_HEADER)
+            part.replace(upload.folder / name)
+            upload.files[name] = (received, digest)
+        except OSError as error:
+            if error.errno == errno.ENOSPC:
+                raise ApiError(507, f"the weight staging disk is full ({self.folder}): {name} not staged; free "
+                               "space or point --weight-staging-dir at a larger disk") from None
+            raise
+        finally:
+            upload.writers -= 1
+            upload.touched = self._clock()
+            part.unlink(missing_ok=True)
+        logger.info("weight upload %s: %s staged (%d bytes)", upload_id, name, received)
+        return {"upload_id": upload_id, "file": name, "bytes": received, "sha256": digest,
+                "upload_bytes": upload.staged_bytes}
+
+    async def _write_part(self, upload: Upload, name: str, part: Path,
+                          chunks: AsyncIterator[bytes]) -> tuple[int, str]:
+        """``chunks`` into the part file, in blocks of `WRITE_BLOCK_BYTES` hashed and written off the event loop,
+        until they end or the upload closes; (bytes received, their SHA-256).  The bytes count against the bound
+        (in ``upload.incoming``) while they arrive: 413 as soon as the upload goes over it."""
+        received, hasher = 0, hashlib.sha256()
         try:
             with part.open("wb") as handle:
                 block = bytearray()
@@ -193,28 +221,9 @@ class WeightUploads:
                         await asyncio.to_thread(_write_block, handle, hasher, data)
                 if block and not upload.closed:
                     await asyncio.to_thread(_write_block, handle, hasher, block)
-            if upload.closed:
-                raise ApiError(404, f"weight upload {upload_id} was cancelled or expired while {name} was being "
-                               "received", "upload_id")
-            if hasher.hexdigest() != digest:
-                raise ApiError(400, f"{name}: the {received} bytes received have SHA-256 {hasher.hexdigest()}, the "
-                               f"{SHA256_HEADER} header says {digest}: the file was damaged on the way or the "
-                               "checksum is not this file's; send it again", SHA256_HEADER)
-            part.replace(upload.folder / name)
-            upload.files[name] = (received, digest)
-        except OSError as error:
-            if error.errno == errno.ENOSPC:
-                raise ApiError(507, f"the weight staging disk is full ({self.folder}): {name} not staged; free "
-                               "space or point --weight-staging-dir at a larger disk") from None
-            raise
+            return received, hasher.hexdigest()
         finally:
             upload.incoming -= received
-            upload.writers -= 1
-            upload.touched = self._clock()
-            part.unlink(missing_ok=True)
-        logger.info("weight upload %s: %s staged (%d bytes)", upload_id, name, received)
-        return {"upload_id": upload_id, "file": name, "bytes": received, "sha256": digest,
-                "upload_bytes": upload.staged_bytes}
 
     def begin_commit(self, upload_id: str) -> Upload:
         """Mark the upload as being committed (no more files, no cancel, no expiry) and return it.

@@ -116,6 +116,17 @@ class _Counters:
         default_factory=lambda: dict.fromkeys(DRAFT_SOURCES, 0))
 
 
+@dataclass
+class _Indexed:
+    """What one step indexed: the rows to draft for (request ids, their new tokens, their positions in the
+    batch), and whether a sequence was added whole (the step also prefilled)."""
+
+    ids: list[Hashable] = field(default_factory=list)
+    new_tokens: list[list[int]] = field(default_factory=list)
+    rows: list[int] = field(default_factory=list)
+    added: bool = False
+
+
 class DraftSession:
     """SAM drafts for the rows of successive engine steps (see the module docstring)."""
 
@@ -154,19 +165,31 @@ class DraftSession:
 
         ``present``: every request id still in the batch (others are freed first); ``now``: the
         clock in seconds (default: `time.perf_counter`); ``k``: the largest draft this step (default
-        the session's, vLLM's num_speculative_tokens).
+        the session's, vLLM's num_speculative_tokens).  In phases: index, let the gate see the step
+        just finished, draft, record.
         """
         started = time.perf_counter()
         now = started if now is None else now
         largest = self.k if k is None else k
-        counters = self.counters
         running = sum(1 for row in rows if row.sampled)
         self._forget_departed(present)
-        prefilled = running < len(rows)  # the step just finished also prefilled (partial, new or resumed)
+        indexed = self._index(rows)
+        # A step that also prefilled (partial, new or resumed) is no decode step: its time is not the gate's.
+        if self._last_call is not None and running == len(rows) and not indexed.added:
+            produced = sum(row.sampled for row in rows)
+            self.gate.observe_step(running, self.last_step_drafted, now - self._last_call, produced)
+        drafts, sources, step_allowed = self._draft(rows, indexed, running, largest)
+        self._record(indexed, drafts, sources, running, step_allowed)
+        self._last_call = now
+        elapsed = time.perf_counter() - started
+        self.counters.propose_seconds += elapsed
+        self.counters.step_seconds_counts[bisect.bisect_left(STEP_SECONDS_BUCKETS, elapsed)] += 1
+        return drafts
 
-        ids: list[Hashable] = []
-        new_tokens: list[list[int]] = []
-        drafted_rows: list[int] = []
+    def _index(self, rows: Sequence[StepRow]) -> _Indexed:
+        """Every sampled row's tokens since the last step into its automaton (a new or shrunk sequence added
+        whole); the rows to draft for, in order."""
+        indexed = _Indexed()
         for index, row in enumerate(rows):
             if not row.sampled:
                 continue  # partial prefill: nothing sampled, nothing to draft
@@ -176,47 +199,55 @@ class DraftSession:
                 self.finish(row.request_id)
                 seen = None
             if seen is None:
-                prefilled = True
+                indexed.added = True
                 self._add(row)
                 seen = row.prompt_length
             self._greedy[row.request_id] = row.greedy
-            ids.append(row.request_id)
-            new_tokens.append(np.asarray(row.tokens[seen:row.length]).tolist())
-            drafted_rows.append(index)
+            indexed.ids.append(row.request_id)
+            indexed.new_tokens.append(np.asarray(row.tokens[seen:row.length]).tolist())
+            indexed.rows.append(index)
             self._indexed[row.request_id] = row.length
+        return indexed
 
-        if self._last_call is not None and not prefilled:
-            produced = sum(row.sampled for row in rows)
-            self.gate.observe_step(running, self.last_step_drafted, now - self._last_call, produced)
-
+    def _draft(self, rows: Sequence[StepRow], indexed: _Indexed, running: int,
+               largest: int) -> tuple[list[list[int]], list[DraftSourceName | None], bool]:
+        """The drafter's proposals for the indexed rows, kept where the rules allow (the gate's range, confident
+        drafts past it, the critical path); the drafts per row, their sources, whether the gate allowed the step."""
+        ids, drafted_rows, counters = indexed.ids, indexed.rows, self.counters
         drafts: list[list[int]] = [[] for _ in rows]
-        sources: list[DraftSourceName | None] = []
         self.last_proposal = None
         step_allowed = bool(ids) and self.gate.allow_step(running)
         # Earlier responses join a group before its first step that may draft: past the threshold
         # too when long matches draft there (they are most of what confident drafts match).
         if (step_allowed or self.config.confident_match) and self._unjoined:
             self._join_history(ids)
-        if ids:
-            proposal = self.drafter.step(ids, new_tokens, largest)
-            self.last_proposal = (ids, proposal)
-            proposed, sources = proposal.tokens, proposal.sources
-            if step_allowed:
-                self._keep(drafts, ids, drafted_rows, proposed, self.gate.draft_limit(running, largest), rows)
-            elif self.config.confident_match and any(proposed):
-                # Past the threshold only drafts with long evidence: a long match is accepted
-                # nearly in full, so it pays even where a step is compute-bound.
-                confident = [draft if match >= self.config.confident_match else []
-                             for draft, match in zip(proposed, proposal.match_lengths, strict=True)]
-                counters.confident_drafts += self._keep(drafts, ids, drafted_rows, confident,
-                                                        min(self.confident_k, largest), rows)
-                counters.longest_confident_draft = max([counters.longest_confident_draft, *map(len, drafts)])
-            if self.config.critical_rows:
-                counters.critical_drafts += self._keep_critical(drafts, ids, drafted_rows, proposed, largest, rows)
-        for request_id, i in zip(ids, drafted_rows, strict=True):
+        if not ids:
+            return drafts, [], step_allowed
+        proposal = self.drafter.step(ids, indexed.new_tokens, largest)
+        self.last_proposal = (ids, proposal)
+        proposed = proposal.tokens
+        if step_allowed:
+            self._keep(drafts, ids, drafted_rows, proposed, self.gate.draft_limit(running, largest), rows)
+        elif self.config.confident_match and any(proposed):
+            # Past the threshold only drafts with long evidence: a long match is accepted
+            # nearly in full, so it pays even where a step is compute-bound.
+            confident = [draft if match >= self.config.confident_match else []
+                         for draft, match in zip(proposed, proposal.match_lengths, strict=True)]
+            counters.confident_drafts += self._keep(drafts, ids, drafted_rows, confident,
+                                                    min(self.confident_k, largest), rows)
+            counters.longest_confident_draft = max([counters.longest_confident_draft, *map(len, drafts)])
+        if self.config.critical_rows:
+            counters.critical_drafts += self._keep_critical(drafts, ids, drafted_rows, proposed, largest, rows)
+        return drafts, proposal.sources, step_allowed
+
+    def _record(self, indexed: _Indexed, drafts: list[list[int]], sources: list[DraftSourceName | None],
+                running: int, step_allowed: bool) -> None:
+        """Each row's draft remembered for its outcome next step (`_account`), and the step counted."""
+        counters = self.counters
+        for request_id, i in zip(indexed.ids, indexed.rows, strict=True):
             self._last_draft[request_id] = len(drafts[i])
             counters.draft_tokens += len(drafts[i])
-        for request_id, i, source in zip(ids, drafted_rows, sources, strict=True):
+        for request_id, i, source in zip(indexed.ids, indexed.rows, sources, strict=True):
             if drafts[i] and source is not None:
                 self._last_source[request_id] = source
                 counters.source_draft_tokens[source] += len(drafts[i])
@@ -226,11 +257,6 @@ class DraftSession:
         counters.steps_by_batch_size[running] += 1
         if self.last_step_drafted:
             counters.drafting_steps_by_batch_size[running] += 1
-        self._last_call = now
-        elapsed = time.perf_counter() - started
-        counters.propose_seconds += elapsed
-        counters.step_seconds_counts[bisect.bisect_left(STEP_SECONDS_BUCKETS, elapsed)] += 1
-        return drafts
 
     def _keep(self, drafts: list[list[int]], ids: list[Hashable], drafted_rows: list[int],
               proposed: list[list[int]], limit: int, rows: Sequence[StepRow]) -> int:
