@@ -605,7 +605,6 @@ class AsyncRolloutClient:
             listener()
 
 
-
 class _ClientSampler:
     """The client as its partial rollouts see it (`partial.GroupSampler`): the placement, one sample's
     send with retries, and the version history, without the rest of the client."""
@@ -650,6 +649,7 @@ class _ClientSampler:
 
     async def abort(self, rollout_id: str) -> int:
         return await self._client.abort(rollout_id)
+
 
 def _retry_after_s(reply: httpx.Response) -> float:
     """The reply's ``Retry-After`` in seconds (a number; a date or nothing: 1 s)."""

@@ -244,10 +244,9 @@ class DraftSession:
                 running: int, step_allowed: bool) -> None:
         """Each row's draft remembered for its outcome next step (`_account`), and the step counted."""
         counters = self.counters
-        for request_id, i in zip(indexed.ids, indexed.rows, strict=True):
+        for request_id, i, source in zip(indexed.ids, indexed.rows, sources, strict=True):
             self._last_draft[request_id] = len(drafts[i])
             counters.draft_tokens += len(drafts[i])
-        for request_id, i, source in zip(indexed.ids, indexed.rows, sources, strict=True):
             if drafts[i] and source is not None:
                 self._last_source[request_id] = source
                 counters.source_draft_tokens[source] += len(drafts[i])
