@@ -132,6 +132,24 @@ def tiny_server(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory):  # ty
 
 
 @pytest.fixture(scope="session")
+def second_tiny_server(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    """A second `samrollout serve` on the tiny model, speculation at its defaults, an API key set.
+
+    Shared by the modules that need a second server (several endpoints) or one they may pause, sleep
+    and push weights to; each takes it through `support.weight_swap.swapping_weights`, so it leaves
+    the server on the weights and version it found.  One start instead of one per module.
+    """
+    from samrollout.testing import start_server
+
+    server = start_server(["--model", str(tiny_dir), "--served-model-name", "tiny", "--api-key", API_KEY,
+                           "--max-model-len", str(TINY_CONTEXT), "--dtype", "float32",
+                           "--gpu-memory-utilization", str(TINY_SERVER_MEMORY)],
+                          tmp_path_factory.mktemp("second-tiny-server") / "server.log")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
 def tiny_weights_v2(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Other random weights of the tiny model's architecture: a 'new policy' for weight updates."""
     return build_tiny_model(tmp_path_factory.mktemp("weights") / "tiny-v2", smollm2_dir, seed=1)

@@ -37,7 +37,7 @@ from samrollout_client import (
 from samrollout_client.divided import DividedSample
 from samrollout_client.spans import join_spans, parse_spans
 from samrollout_client.verl.settings import backend_settings
-from support.frozen_engine import counter, freeze, in_flight_at_least, run_in_bursts, until
+from support.frozen_engine import counter, freeze, in_flight_at_least, step_until, until
 
 URL = "http://fake:8000"
 
@@ -433,7 +433,7 @@ def test_a_partial_rollout_carries_its_samples_across_a_continue_update_on_the_r
                     httpx.AsyncClient(base_url=tiny_server.url, timeout=60,
                                       headers={"Authorization": f"Bearer {API_KEY}"}) as admin):
             before = await counter(admin)
-            await freeze(admin)  # the samples wait in the engine until it runs a burst
+            await freeze(admin)  # the samples wait in the engine until it is stepped
             async with client.partial_rollout([f"carry {i}: one two three" for i in range(3)], group_size=2,
                                               batch_groups=1, max_concurrent_groups=3, sampling=sampling,
                                               rollout_id="client-carry") as rollout:
@@ -443,7 +443,7 @@ def test_a_partial_rollout_carries_its_samples_across_a_continue_update_on_the_r
                     return await counter(admin) >= before + 6
 
                 # a few steps: the update lands before any sample ends, however slow this machine is
-                await run_in_bursts(admin, started)
+                await step_until(admin, started)
                 old = client.weight_versions[-1]
                 await client.update_weights(str(tiny_weights_v2), "client-carry-v2", in_flight="continue")
                 await client.resume()

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -20,6 +21,7 @@ from samrollout_client import AsyncRolloutClient, GroupResult, RolloutClient, Ro
 from samrollout_client.placement import rendezvous_ranking
 from samrollout_client.prompt_identity import prompt_id
 from support.frozen_engine import rollout_in_flight, until
+from support.weight_swap import swapping_weights
 
 CLIENTS = Path(__file__).resolve().parent.parent / "clients"
 
@@ -30,10 +32,10 @@ def tiny_args(tiny_dir: Path) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def second_server(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
-    server = start_server(tiny_args(tiny_dir), tmp_path_factory.mktemp("second") / "server.log")
-    yield server
-    server.stop()
+def second_server(second_tiny_server: ServerProcess, tiny_dir: Path) -> Iterator[ServerProcess]:
+    """The session's second tiny server, left on the weights and version it came with."""
+    with swapping_weights(second_tiny_server, "client", tiny_dir, tiny_dir):
+        yield second_tiny_server
 
 
 @pytest.fixture

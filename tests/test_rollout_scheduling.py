@@ -15,7 +15,7 @@ from samrollout.server.admission import AdmissionScheduler
 from samrollout.server.length_predictor import LengthPredictor, prompt_key
 from samrollout.spec_decode.stats import ProposerStats
 from samrollout.testing import ServerProcess, start_server
-from support.frozen_engine import counter, frozen, run_in_bursts
+from support.frozen_engine import counter, frozen, step_until
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 CAPACITY = 4  # the length-aware server's --max-num-seqs (the server admits one more): most test traffic queues
@@ -250,7 +250,7 @@ def test_weight_update_with_sequences_waiting_for_admission_loses_none_of_them(
     # Sampled (on CPU only greedy requests draft): the second round's requests, whose prompts the first
     # round's responses are history for, still take their 480 engine steps.  They reach a frozen engine, so
     # four times the slots stay queued however slow the status polls are on a busy machine; the engine then
-    # runs in bursts until the admitted ones have started, and each update lands on that state.
+    # runs a step at a time until the admitted ones have started, and each update lands on that state.
     bodies = [{"model": "tiny", "prompt": [4, g, 4], "max_tokens": 480, "ignore_eos": True, "group_id": f"w-{g % 3}",
                "temperature": 1.0, "seed": g} for g in range(4 * CAPACITY)]
 
@@ -264,7 +264,7 @@ def test_weight_update_with_sequences_waiting_for_admission_loses_none_of_them(
                 async def started() -> bool:
                     return await counter(client) >= generated + CAPACITY + 1
 
-                await run_in_bursts(client, started)
+                await step_until(client, started)
                 update = await client.post("/admin/update_weights",
                                            json={"path": str(path), "version": version, "in_flight": in_flight})
             return [(await p).json() for p in posts], update.status_code

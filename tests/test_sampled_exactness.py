@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 from scipy.stats import chi2_contingency
 
-from conftest import EngineRun, run_engine, run_engine_jobs
+from conftest import EngineRun, run_engines_together
 from samrollout.spec_decode.stats import ProposerStats
 
 SAM_SAMPLED = {"k": 3, "threshold_mode": "off", "group_drafting": True, "sampled_requests": "draft",
@@ -49,18 +49,21 @@ FIX = "samrollout_cpu_sampled_verification"
 
 @pytest.fixture(scope="module")
 def engine_runs(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
-    """Speculation off, SAM on, and SAM on without samrollout's CPU verification fix: fresh engines, in turn."""
+    """Speculation off, SAM on, and SAM on without samrollout's CPU verification fix: fresh engines, side by side
+    (`run_engines_together`: their start-ups overlap; the distributions compared do not depend on the threads)."""
     base = tmp_path_factory.mktemp("sampled")
-    runs = {"off": run_engine_jobs(smollm2_dir, None, JOBS, base / "off", **ENGINE),
-            "on": run_engine_jobs(smollm2_dir, SAM_SAMPLED, JOBS, base / "on", **ENGINE)}
     plugins = sorted(e.name for e in importlib.metadata.entry_points(group="vllm.general_plugins") if e.name != FIX)
     # Temperature 1 only (garbled top-k values can crash the engine), all its samples: how much of the bias shows
     # varies from run to run (the smallest p over three runs: 3e-7 to 3e-10 with all of them; with half, one run
     # in a few missed 1e-4).
     (t1,) = [job for job in JOBS if job["name"] == "t1"]
-    runs["unfixed"] = run_engine(EngineRun(smollm2_dir, SAM_SAMPLED, [t1], base / "unfixed", ENGINE,
-                                           env={"VLLM_PLUGINS": ",".join(plugins)}))
-    return runs
+    names = ("off", "on", "unfixed")
+    runs = run_engines_together([
+        EngineRun(smollm2_dir, None, JOBS, base / "off", ENGINE),
+        EngineRun(smollm2_dir, SAM_SAMPLED, JOBS, base / "on", ENGINE),
+        EngineRun(smollm2_dir, SAM_SAMPLED, [t1], base / "unfixed", ENGINE, env={"VLLM_PLUGINS": ",".join(plugins)}),
+    ])
+    return dict(zip(names, runs, strict=True))
 
 
 @pytest.fixture(scope="module")

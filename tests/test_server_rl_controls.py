@@ -14,7 +14,7 @@ import openai
 from conftest import API_KEY, admin_status
 from samrollout.spec_decode.stats import ProposerStats
 from samrollout.testing import ServerProcess
-from support.frozen_engine import frozen, in_flight_at_least, run_in_bursts, until
+from support.frozen_engine import counter, frozen, in_flight_at_least, step_until, until
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 
@@ -170,7 +170,7 @@ def test_client_disconnect_mid_stream_aborts_its_engine_request(tiny_server: Ser
 def test_pause_with_abort_counts_the_requests_it_ends_as_aborted(tiny_server: ServerProcess) -> None:
     aborted_before = finished_as_aborted(tiny_server)
     # 32 sampled streams of n = 16 (on CPU only greedy requests draft), 480 tokens each: 512 sequences, half of
-    # them beyond the engine's slots.  They reach a frozen engine, which then runs in short bursts until one
+    # them beyond the engine's slots.  They reach a frozen engine, which then runs a step at a time until one
     # streams a token and stays frozen: the pause lands mid-generation however slow or fast this machine (a full
     # CI run once saw 64 single streams of ten seconds' work all finish first when left running).
     streams_n = 16
@@ -202,7 +202,7 @@ def test_pause_with_abort_counts_the_requests_it_ends_as_aborted(tiny_server: Se
             async with frozen(client):
                 streams = [asyncio.create_task(stream(b)) for b in bodies]
                 await until(lambda: in_flight_at_least(client, len(bodies)), "the streams to arrive")
-                await run_in_bursts(client, streaming)
+                await step_until(client, streaming)
                 assert (await client.post("/admin/pause", json={"mode": "abort"})).status_code == 200
             return [choice for choices in await asyncio.gather(*streams) for choice in choices]
 
@@ -287,6 +287,39 @@ def test_a_paused_server_reports_paused_not_sleeping(tiny_server: ServerProcess)
     assert (paused["paused"], paused["sleeping"], paused["sleep_level"]) == (True, False, None)
     resumed = admin_status(tiny_server)
     assert (resumed["paused"], resumed["sleeping"]) == (False, False)
+
+
+def test_a_held_engine_runs_the_steps_asked_and_is_held_again(tiny_server: ServerProcess) -> None:
+    # A sampled request (on CPU only greedy requests draft) makes one token a step, so steps are tokens.
+    wait_until_idle(tiny_server)
+
+    async def scenario() -> tuple[list[float], float, dict[str, Any], httpx.Response, httpx.Response, httpx.Response]:
+        async with httpx.AsyncClient(base_url=tiny_server.url, headers=AUTH, timeout=120) as client:
+            before = await counter(client)
+            async with frozen(client):
+                reply = asyncio.create_task(client.post("/v1/completions", json=completion(
+                    "step by step", 40, temperature=1.0, seed=7)))
+
+                async def generating() -> bool:
+                    return await counter(client) > before
+
+                await step_until(client, generating)  # prefilled: its first token
+                counts = [await counter(client)]
+                for steps in (1, 5):
+                    assert (await client.post("/admin/step", json={"steps": steps})).json()["steps"] == steps
+                    counts.append(await counter(client))
+                await asyncio.sleep(0.5)
+                held, status = await counter(client), (await client.get("/admin/status")).json()
+                zero = await client.post("/admin/step", json={"steps": 0})
+            running = await client.post("/admin/step", json={"steps": 1})
+            return counts, held, status, zero, running, await reply
+
+    counts, held, status, zero, running, done = asyncio.run(scenario())
+    assert [later - counts[0] for later in counts[1:]] == [1, 6]  # one token a step, nothing between the calls
+    assert held == counts[-1] and status["paused"] and status["in_flight_requests"] == 1  # held again
+    assert zero.status_code == 400 and zero.json()["error"]["param"] == "steps"
+    assert running.status_code == 409 and "POST /admin/pause first" in running.json()["error"]["message"]
+    assert done.status_code == 200 and len(done.json()["choices"][0]["token_ids"]) == 40  # resumed, it ends
 
 
 def test_sleep_without_sleep_mode_is_a_clear_409(tiny_server: ServerProcess) -> None:

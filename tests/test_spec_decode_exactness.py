@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from conftest import EngineRun, run_engine_jobs, run_engines_together
+from conftest import EngineRun, run_engines_together
 from samrollout.spec_decode.stats import ProposerStats
 
 # The default draft policy ("auto": min_match_length 2 on this CPU) on SmolLM2; the tiny model
@@ -90,21 +90,19 @@ LONG_DRAFT_JOBS = [job for job in TINY_JOBS if job["name"] in ("greedy", "repeti
 
 @pytest.fixture(scope="module")
 def engine_runs(tiny_dir: Path, smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """Every engine this module compares, each fresh: SmolLM2's alone on every CPU (`run_engine_jobs`), the tiny
-    model's side by side (`run_engines_together`); the runs compared token for token run the same way."""
+    """Every engine this module compares, each fresh, side by side (`run_engines_together`: as many at once as
+    there are CPUs, so their start-ups overlap); the runs compared token for token run the same way."""
     base = tmp_path_factory.mktemp("exactness")
-    runs = {
-        "smollm2 off": run_engine_jobs(smollm2_dir, None, SMOLLM2_JOBS, base / "smollm2-off", **SMOLLM2_ENGINE),
-        "smollm2 on": run_engine_jobs(smollm2_dir, SAM, SMOLLM2_JOBS, base / "smollm2-on", **SMOLLM2_ENGINE),
-    }
-    tiny = {
+    runs = {  # SmolLM2's first: the longest runs, so the tiny model's fill the CPUs they leave
+        "smollm2 off": EngineRun(smollm2_dir, None, SMOLLM2_JOBS, base / "smollm2-off", SMOLLM2_ENGINE),
+        "smollm2 on": EngineRun(smollm2_dir, SAM, SMOLLM2_JOBS, base / "smollm2-on", SMOLLM2_ENGINE),
         "tiny off": EngineRun(tiny_dir, None, TINY_JOBS, base / "tiny-off"),
         "tiny on": EngineRun(tiny_dir, SAM_DRAFT_MOST, TINY_JOBS, base / "tiny-on"),
         "preempt off": EngineRun(tiny_dir, None, PREEMPT_JOBS, base / "preempt-off", PREEMPT_ENGINE),
         "preempt on": EngineRun(tiny_dir, SAM_DRAFT_MOST, PREEMPT_JOBS, base / "preempt-on", PREEMPT_ENGINE),
         "long drafts": EngineRun(tiny_dir, SAM_LONG_DRAFTS, LONG_DRAFT_JOBS, base / "long-drafts"),
     }
-    return {**runs, **dict(zip(tiny, run_engines_together(list(tiny.values())), strict=True))}
+    return dict(zip(runs, run_engines_together(list(runs.values())), strict=True))
 
 
 @pytest.fixture(scope="module")

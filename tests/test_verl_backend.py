@@ -32,23 +32,20 @@ import ray
 from omegaconf import OmegaConf
 from safetensors.torch import load_file
 
-from conftest import API_KEY, TINY_SERVER_MEMORY, admin_status
-from samrollout.testing import ServerProcess, start_server
-from support.frozen_engine import counter, freeze, frozen, in_flight_at_least, run_in_bursts, until
+from conftest import API_KEY, admin_status
+from samrollout.testing import ServerProcess
+from support.frozen_engine import counter, freeze, frozen, in_flight_at_least, step_until, until
+from support.weight_swap import swapping_weights
 
 RESPONSE_LENGTH = 24
 GREEDY = {"temperature": 0.0, "top_p": 1.0, "top_k": -1, "repetition_penalty": 1.0, "logprobs": True}
 
 
 @pytest.fixture(scope="module")
-def verl_server(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    """A tiny-model server of this module's own: the tests pause it and push weights to it."""
-    server = start_server(["--model", str(tiny_dir), "--served-model-name", "tiny", "--api-key", API_KEY,
-                           "--max-model-len", "512", "--dtype", "float32",
-                           "--gpu-memory-utilization", str(TINY_SERVER_MEMORY)],
-                          tmp_path_factory.mktemp("verl-server") / "server.log")
-    yield server
-    server.stop()
+def verl_server(second_tiny_server: ServerProcess, tiny_dir: Path) -> Iterator[ServerProcess]:
+    """The session's second tiny server (the tests pause it and push weights to it), left as it was found."""
+    with swapping_weights(second_tiny_server, "verl", tiny_dir, tiny_dir):
+        yield second_tiny_server
 
 
 def verl_config(url: str, model: Path) -> Any:
@@ -145,7 +142,7 @@ def test_abort_all_requests_ends_running_responses_and_holds_new_ones_until_resu
     replicas = verl_run["servers"].get_replicas()
     # Sampled responses (on CPU only greedy requests draft) of 400 tokens, sixteen through veRL beside 48 sent
     # straight to the server. They reach a frozen server (veRL's first calls may take seconds to arrive), which
-    # then runs in short bursts until they have started and stays frozen, so the abort (through veRL's replicas)
+    # then runs a step at a time until they have started and stays frozen, so the abort (through veRL's replicas)
     # lands mid-generation however slow or fast this machine: every one ends "aborted", short of its length.
     long = {**GREEDY, "temperature": 1.0, "max_tokens": 400, "ignore_eos": True}
     load = [{"model": "tiny", "prompt": [1, 7, i], "max_tokens": 400, "ignore_eos": True, "temperature": 1.0,
@@ -164,7 +161,7 @@ def test_abort_all_requests_ends_running_responses_and_holds_new_ones_until_resu
                 async def started() -> bool:
                     return await counter(client) >= generated + 64
 
-                await run_in_bursts(client, started)  # frozen again: the abort lands mid-generation
+                await step_until(client, started)  # frozen again: the abort lands mid-generation
                 await asyncio.gather(*(r.abort_all_requests() for r in replicas))
                 held = asyncio.create_task(generate(verl_run, [1, 9, 9], GREEDY))
                 await asyncio.sleep(1.5)
@@ -457,8 +454,8 @@ def test_verls_checkpoint_engine_manager_syncs_weights_to_running_servers_withou
     assert admin_status(verl_server)["weight_version"] == "10"
 
     async def scenario() -> tuple[list[Any], dict[str, Any]]:
-        # The responses reach a frozen server ("keep" ends nothing; they wait in the engine), which then runs in
-        # short bursts until they have tokens and stays frozen: the sync lands a few steps into them however slow
+        # The responses reach a frozen server ("keep" ends nothing; they wait in the engine), which then runs a
+        # step at a time until they have tokens and stays frozen: the sync lands a few steps into them however slow
         # veRL's dispatch is (left running, they all ended first on a loaded CI machine).
         async with httpx.AsyncClient(base_url=verl_server.url, timeout=60,
                                      headers={"Authorization": f"Bearer {API_KEY}"}) as http:
@@ -471,7 +468,7 @@ def test_verls_checkpoint_engine_manager_syncs_weights_to_running_servers_withou
             async def started() -> bool:
                 return await counter(http) >= generated + 24
 
-            await run_in_bursts(http, started)
+            await step_until(http, started)
         metrics = await manager.update_weights(global_steps=11)  # the "continue" update resumes the engine
         return list(await asyncio.gather(*running)), metrics
 

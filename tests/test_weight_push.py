@@ -18,7 +18,7 @@ import os
 import socket
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -37,12 +37,21 @@ from samrollout.server.weight_uploads import WeightUploads, default_staging_root
 from samrollout.testing import ServerProcess
 from samrollout_client import RequestRejected, RolloutClient
 from samrollout_client.weights import WeightFiles, plan_shards
+from support.weight_swap import swapping_weights
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 PROBE = {"model": "tiny", "prompt": "pushed weights probe", "max_tokens": 12, "temperature": 0, "ignore_eos": True}
 
 
 # --- helpers ---------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module", autouse=True)
+def version_kept(tiny_server: ServerProcess, tiny_dir: Path) -> Iterator[None]:
+    """The shared server leaves this module on the weights and version it came with (modules after it compare
+    it with servers at that version)."""
+    with swapping_weights(tiny_server, "push", tiny_dir, tiny_dir):
+        yield
 
 
 def _greedy(server: ServerProcess) -> tuple[list[int], str]:

@@ -2,8 +2,8 @@
 go on under the new weights in the same response, nothing lost or generated twice, with exact version spans.
 
 Each probe (completion, chat, ``n > 1``; streamed and not) runs alone and is frozen mid-generation:
-it is sent to an engine frozen with ``/admin/pause`` mode "keep", which then runs in short bursts
-(resumed, frozen again at a step boundary) until every choice has generated a token, and the
+it is sent to an engine frozen with ``/admin/pause`` mode "keep", which then runs a step at a time
+(``/admin/step``: the engine counts the steps and freezes itself) until every choice has generated a token, and the
 update with ``continue`` starts from there (it pauses the frozen engine again, preempts its requests, loads,
 resumes), so where the update lands is fixed before it runs.  Every probe decodes greedily (the
 argmax, sampled with ``top_k: 1``: see `TOP1`), so for each choice, with ``k`` the boundary its
@@ -12,8 +12,7 @@ fresh greedy request's under the new weights, for the prompt plus the first ``k`
 compared with the same request run alone (on this CPU the tiny random model's near-tied logits
 flip with the batch's composition).
 
-The one timing assumption: the burst that gives a probe its first tokens (20 ms, doubled while it
-has none) does not run all ``LENGTH`` tokens of a lone request.
+No timing assumption: the engine, not the test, counts the steps before the update lands.
 """
 
 from __future__ import annotations
@@ -38,7 +37,7 @@ from support.frozen_engine import (
     freeze,
     in_flight_at_least,
     rollout_in_flight,
-    run_in_bursts,
+    step_until,
     until,
 )
 from support.weight_swap import WeightSwapper, swapping_weights
@@ -235,10 +234,10 @@ PROBES = {  # each runs alone, so that it is computed as its references are (see
 
 
 async def frozen_mid_generation(client: httpx.AsyncClient, body: dict[str, Any]) -> asyncio.Task[Reply]:
-    """Start ``body`` on a frozen engine and let it run in short bursts until every choice has a token; frozen after.
+    """Start ``body`` on a frozen engine and run it a step at a time until every choice has a token; frozen after.
 
     The engine is frozen (``/admin/pause`` "keep") before the request is sent, so the request
-    waits in it; each burst resumes the engine for a few steps and freezes it again, until the
+    waits in it; each ``/admin/step`` runs the engine one step and freezes it again, until the
     engine's token counter shows a token for every choice.  Where the update lands is then a few
     steps into the request, however slow this machine or its ``/metrics`` are (polling a running
     request raced it to its end on a loaded CI machine).  Each request runs alone because on this
@@ -255,7 +254,7 @@ async def frozen_mid_generation(client: httpx.AsyncClient, body: dict[str, Any])
     async def every_choice_generated() -> bool:
         return await counter(client) >= generated + n
 
-    await run_in_bursts(client, every_choice_generated)
+    await step_until(client, every_choice_generated)
     return reply
 
 
@@ -352,14 +351,14 @@ def test_a_stream_whose_client_hangs_up_while_frozen_for_an_update_is_aborted_on
     async def scenario() -> tuple[dict[str, Any], float, dict[str, Any]]:
         async with client_for(tiny_server) as client:
             generating, hang_up = asyncio.Event(), asyncio.Event()
-            await freeze(client)  # then run in bursts until it streams a token: frozen long before its end
+            await freeze(client)  # then step it until it streams a token: frozen long before its end
             reading = asyncio.create_task(stream(client, body, generating, hang_up))
             await until(lambda: in_flight_at_least(client, 1), "the stream to arrive")
 
             async def streaming() -> bool:
                 return generating.is_set()
 
-            await run_in_bursts(client, streaming)
+            await step_until(client, streaming)
             hang_up.set()
             await reading  # the connection is closed
             await until(lambda: _none_in_flight(client, "continue-hung-up"), "the hung-up stream to end")
@@ -380,7 +379,9 @@ def test_a_stream_whose_client_hangs_up_while_frozen_for_an_update_is_aborted_on
 def test_a_stream_whose_client_hangs_up_as_a_continue_update_runs_is_aborted_once_wherever_it_lands(
         tiny_server: ServerProcess, weights: WeightSwapper) -> None:
     # The hang-up races the update: before its pause, while its requests wait preempted, or after the resume.
-    # Wherever it lands, the request ends aborted (never run to its length) and is counted once.
+    # Wherever it lands, the request ends aborted (never run to its length) and is counted once.  The stream
+    # starts on a frozen engine that runs a step at a time until it streams a token, so the race starts a few
+    # tokens in (left running, it once reached its length before the hang-up on a loaded machine).
     wait_until_idle(tiny_server)
     new = weights.new_version("race")
     body = completion(prompt(12), 480, rollout_id="continue-race", seed=8, **TOP1)
@@ -389,8 +390,14 @@ def test_a_stream_whose_client_hangs_up_as_a_continue_update_runs_is_aborted_onc
     async def scenario() -> dict[str, Any]:
         async with client_for(tiny_server) as client:
             generating, hang_up = asyncio.Event(), asyncio.Event()
+            await freeze(client)  # the update resumes it
             reading = asyncio.create_task(stream(client, body, generating, hang_up))
-            await asyncio.wait_for(generating.wait(), timeout=300)
+            await until(lambda: in_flight_at_least(client, 1), "the stream to arrive")
+
+            async def streaming() -> bool:
+                return generating.is_set()
+
+            await step_until(client, streaming)
             updating = asyncio.create_task(update(client, weights, new))
             hang_up.set()
             await reading

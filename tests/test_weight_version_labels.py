@@ -14,7 +14,7 @@ import pytest
 
 from conftest import API_KEY, admin_status
 from samrollout.testing import ServerProcess
-from support.frozen_engine import counter, frozen, rollout_in_flight, run_in_bursts, until
+from support.frozen_engine import counter, frozen, rollout_in_flight, step_until, until
 from support.weight_swap import WeightSwapper, swapping_weights
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
@@ -98,7 +98,7 @@ async def running_requests(client: httpx.AsyncClient, rollout: str, count: int) 
 
 async def started_frozen(client: httpx.AsyncClient, rollout: str, count: int, generated: float) -> None:
     """On an engine frozen before they were sent: wait for the ``count`` sequences of ``rollout`` to arrive,
-    then run the engine in bursts until each may have a token (``generated``: the token counter before).
+    then run the engine a step at a time until each may have a token (``generated``: the token counter before).
 
     Frozen, they cannot end before the update the test sends next lands, however slow or fast this machine.
     """
@@ -107,7 +107,7 @@ async def started_frozen(client: httpx.AsyncClient, rollout: str, count: int, ge
     async def generating() -> bool:
         return await counter(client) >= generated + count
 
-    await run_in_bursts(client, generating)
+    await step_until(client, generating)
 
 
 async def wait_update_holding(client: httpx.AsyncClient, weights: WeightSwapper,

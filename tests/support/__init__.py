@@ -1,7 +1,7 @@
 """Helpers the tests share (not tests themselves).
 
 - `support.oracle`: brute-force reference answers for the drafter tests;
-- `support.frozen_engine`: freezing a server's engine, running it in short bursts and reading what is in
+- `support.frozen_engine`: freezing a server's engine, running it a step at a time and reading what is in
   flight, to act mid-generation;
 - `support.weight_swap`: swapping the shared tiny server's weights, and putting them back after;
 - `support.engine_jobs`: a script that runs jobs on a fresh vLLM engine (``conftest.run_engine_jobs``);

@@ -3,8 +3,8 @@
 On a loaded machine, a test that lets requests run and then reacts to what it sees from outside
 (a metric, a status) can find them already finished. These helpers freeze the engine before the
 requests arrive (``/admin/pause`` "keep" ends nothing; new requests wait in the engine), and then
-run it in short bursts until a condition holds, so what the test does next lands a few steps in.
-Pausing between steps does not change what a step computes.
+run it a step at a time (``/admin/step``) until a condition holds, so what the test does next lands
+a few steps in.  Pausing between steps does not change what a step computes.
 """
 
 from __future__ import annotations
@@ -62,29 +62,40 @@ async def until(condition: Callable[[], Awaitable[bool]], what: str, timeout: fl
         await asyncio.sleep(0.05)
 
 
-async def run_in_bursts(client: httpx.AsyncClient, done: Callable[[], Awaitable[bool]]) -> None:
-    """Run the frozen engine in short bursts (resumed, frozen again) until ``done()``; it is frozen after.
+async def step(client: httpx.AsyncClient, steps: int = 1) -> int:
+    """``/admin/step``: the frozen engine runs ``steps`` model steps and is frozen again; the steps it ran."""
+    reply = await client.post("/admin/step", json={"steps": steps})
+    assert reply.status_code == 200, reply.text
+    return int(reply.json()["steps"])
 
-    The first burst is 20 ms, a few steps of the tiny model. After each burst the condition has up to a
-    second to show (a stream's chunk can reach its client late on a loaded machine); a burst is doubled
-    only when the engine generated nothing in it, so a slow reader never earns a burst long enough to
-    run a request to its end.
+
+async def step_until(client: httpx.AsyncClient, done: Callable[[], Awaitable[bool]], timeout: float = 180.0) -> None:
+    """Run the frozen engine one model step at a time until ``done()``; it is frozen after.
+
+    The engine itself counts the steps (``/admin/step``), so however slow this machine, a request
+    moves a step or so between checks (a burst timed from outside once ran a 440-token request to
+    its end on a loaded CI machine).  After a step that generated tokens the condition has up to a
+    second to show (a stream's chunk can reach its client late on a loaded machine); while the
+    engine has nothing to run (the requests are still on their way to it), it is polled.
     """
-    burst = 0.02
+    deadline = time.monotonic() + timeout
     while True:
         generated = await counter(client)
-        assert (await client.post("/admin/resume")).status_code == 200
-        await asyncio.sleep(burst)
-        await freeze(client)
-        await asyncio.sleep(0.05)  # the last steps' outputs reach the counter and the client
+        ran = await step(client)
         if await done():
             return
-        if await counter(client) == generated:  # the engine did nothing in it: a longer burst
-            assert burst < 30, "nothing was generated while the engine ran"
-            burst *= 2
-            continue
-        settle = time.monotonic() + 1.0  # it did: the condition may still be on its way to the client
-        while time.monotonic() < settle:
+        if ran and await counter(client) > generated and await _shows_within(done, 1.0):
+            return
+        assert time.monotonic() < deadline, "timed out stepping the engine"
+        if not ran:
             await asyncio.sleep(0.05)
-            if await done():
-                return
+
+
+async def _shows_within(condition: Callable[[], Awaitable[bool]], seconds: float) -> bool:
+    """Whether ``condition()`` is true now or turns true within ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while not await condition():
+        if time.monotonic() >= deadline:
+            return False
+        await asyncio.sleep(0.05)
+    return True

@@ -1,7 +1,8 @@
 """RL admin routes under /admin (API key required when one is configured).
 
 - ``POST /admin/update_weights`` {path, version, in_flight: "wait"|"abort"|"continue"}: new policy weights.
-- ``POST /admin/pause`` {mode: "keep"|"wait"|"abort"} and ``POST /admin/resume``: hold generation.
+- ``POST /admin/pause`` {mode: "keep"|"wait"|"abort"} and ``POST /admin/resume``: hold generation;
+  ``POST /admin/step`` {steps}: a held engine runs that many steps and is held again (`engine_steps`).
 - ``POST /admin/sleep`` {level} and ``POST /admin/wake``: free and restore accelerator memory.
 - ``POST /admin/abort_rollout`` {rollout_id}: abort every in-flight request of one rollout.
 - ``POST /admin/reset_prefix_cache``; ``GET /admin/status``: version, paused, sleeping, in flight, drafter.
@@ -59,6 +60,12 @@ class Pause(_Body):
     """How pausing treats requests in flight: keep them frozen, wait for them, or abort them."""
 
     mode: PauseMode = "keep"
+
+
+class Step(_Body):
+    """How many engine steps a held engine runs before it is held again."""
+
+    steps: int = Field(1, ge=1, le=100_000, description="model steps (forward passes) to run")
 
 
 class Sleep(_Body):
@@ -170,6 +177,22 @@ async def resume(request: Request) -> dict[str, Any]:
     """Resume generation after /admin/pause."""
     await _runtime(request).resume()
     return {"paused": False}
+
+
+@router.post("/step", responses={**_ERRORS, 501: {"description": "this vLLM cannot step"}})
+async def step(request: Request, body: Step | None = None) -> dict[str, Any]:
+    """Run a held engine (after /admin/pause) a few steps and hold it again as "keep": act mid-generation at will.
+
+    Answers once the engine is held again, after the outputs of those steps; fewer steps run when
+    the requests end first.  Reproducing what happens a few tokens into a response (a weight update,
+    an abort, a client hanging up) needs no race against the engine from outside.
+    """
+    runtime = _runtime(request)
+    if not runtime.paused or runtime.sleep_level is not None:
+        raise ApiError(409, "the engine is not held: POST /admin/pause first (stepping a sleeping engine is not "
+                            "possible)")
+    steps = (body or Step()).steps
+    return {"paused": True, "steps": await runtime.run_steps(steps), "requested_steps": steps}
 
 
 @router.post("/sleep", responses=_ERRORS)

@@ -21,6 +21,7 @@ from typing import Any
 from starlette.datastructures import State
 
 from samrollout.config import DeviceKind
+from samrollout.engine_steps import METHOD
 from samrollout.metrics import definitions as m
 from samrollout.metrics.definitions import set_scheduling_policy, set_weight_version
 from samrollout.metrics.rollouts import RolloutTracker
@@ -136,6 +137,21 @@ class ServerRuntime:
         """Resume generation after `pause`."""
         await self.engine.resume_generation()
         self.paused = False
+
+    async def run_steps(self, steps: int) -> int:
+        """Run the held engine ``steps`` model steps and hold it again ("keep"); the steps it ran (`engine_steps`).
+
+        Taken under the update lock, so stepping never lets an update's held engine run.
+        """
+        async with self.update_lock:
+            try:
+                ran = await self.engine.engine_core.call_utility_async(METHOD, steps)
+            except Exception as exc:  # the plugin did not load: vLLM names the method that failed
+                if METHOD not in str(exc):
+                    raise
+                raise ApiError(501, f"this vLLM cannot step a held engine ({exc})") from exc
+        self.paused = True
+        return int(ran)
 
     def scheduling_status(self) -> dict[str, Any]:
         """The rollout scheduling policy and, under length-aware, its queue (for /admin/status)."""
