@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from pathlib import Path
@@ -165,6 +166,43 @@ def test_client_disconnect_mid_stream_aborts_its_engine_request(tiny_server: Ser
     assert hung_up["finish_reasons"] == {"abort": 1} and hung_up["output_tokens"] == 0
     wait_until_idle(tiny_server, timeout=30)
     assert engine_tokens_generated(tiny_server) - tokens_before < 480  # the engine never ran it to its length
+
+
+def test_streams_left_at_any_moment_give_back_their_queue_holds_and_rollout_counts(
+        tiny_server: ServerProcess) -> None:
+    # Sixteen streams, each given up by its client a little later than the one before: before the request
+    # is read, while it is admitted, before and after the response starts (the engine is held, so none
+    # ends on its own).  Whatever moment it left at, everything it held comes back once the server is idle.
+    bodies = [completion(f"left at {i}", 480, rollout_id="left-early", stream=True, temperature=1.0, seed=i)
+              for i in range(16)]
+
+    async def scenario() -> tuple[dict[str, Any], dict[str, Any]]:
+        async with httpx.AsyncClient(base_url=tiny_server.url, headers=AUTH, timeout=300) as client:
+            async with frozen(client):
+
+                async def leave_after(body: dict[str, Any], seconds: float) -> None:
+                    async def read() -> None:
+                        async with client.stream("POST", "/v1/completions", json=body) as reply:
+                            async for _ in reply.aiter_bytes():
+                                pass
+
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(read(), seconds)
+
+                await asyncio.gather(*(leave_after(b, 0.005 * 2 ** (i % 8)) for i, b in enumerate(bodies)))
+            deadline = time.monotonic() + 60
+            while True:
+                status = (await client.get("/admin/status", params={"drafter": "false"})).json()
+                rollout = (await client.get("/v1/rollouts/left-early")).json()
+                if status["queue"]["held_sequences"] == 0 and not rollout["in_flight"]:
+                    return status, rollout
+                assert time.monotonic() < deadline, (status["queue"], rollout)
+                await asyncio.sleep(0.1)
+
+    status, rollout = asyncio.run(scenario())
+    assert status["in_flight_requests"] == 0
+    # Each request the server took is counted once, as one sequence, whenever its client left.
+    assert 0 < rollout["requests"] == rollout["sequences"] == sum(rollout["finish_reasons"].values()) <= len(bodies)
 
 
 def test_pause_with_abort_counts_the_requests_it_ends_as_aborted(tiny_server: ServerProcess) -> None:

@@ -25,14 +25,15 @@ they complete and carries the unfinished samples into the next step, across weig
 with ``in_flight="continue"`` (`samrollout_client.partial`).  Every sample carries its
 weight-version spans (`samrollout_client.spans`); `AsyncRolloutClient.weight_versions` orders
 the versions this client saw served.
+
+This module is the generation; the client's other parts have modules of their own: HTTP and what
+its failures mean (`samrollout_client.transport`), the versions seen served
+(`samrollout_client.versions`) and the all-or-nothing weight push (`samrollout_client.weight_push`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import random
-import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Literal
@@ -47,13 +48,7 @@ from samrollout_client.divided import (
     stream_piece,
 )
 from samrollout_client.endpoints import Endpoint, EndpointPool, least_outstanding
-from samrollout_client.errors import (
-    NoEndpointAvailable,
-    RequestRejected,
-    RolloutFailed,
-    SamrolloutError,
-    error_message,
-)
+from samrollout_client.errors import NoEndpointAvailable, RequestRejected, RolloutFailed, SamrolloutError
 from samrollout_client.partial import PartialRollout
 from samrollout_client.placement import (
     DEFAULT_PLACEMENT,
@@ -68,6 +63,7 @@ from samrollout_client.progress import RolloutProgress
 from samrollout_client.prompt_identity import prompt_id
 from samrollout_client.report import combine_summaries
 from samrollout_client.spans import parse_spans
+from samrollout_client.transport import RETRYABLE_ERRORS, Busy, Retryable, Transport, check_status
 from samrollout_client.types import (
     GroupResult,
     InFlight,
@@ -82,24 +78,9 @@ from samrollout_client.types import (
     WeightPush,
     is_prompt,
 )
-from samrollout_client.weights import DEFAULT_SHARD_BYTES, SHA256_HEADER, WeightFile, WeightFiles, WeightsSource
-
-_RETRYABLE = (httpx.TransportError, httpx.TimeoutException)
-
-
-class _Retryable(SamrolloutError):
-    """A failure worth retrying on another endpoint (connection, timeout, 5xx)."""
-
-
-class _Busy(_Retryable):
-    """429: the server is up but its queue is full; retry after ``retry_after_s`` (not a failure of the endpoint)."""
-
-    def __init__(self, message: str, retry_after_s: float) -> None:
-        super().__init__(message)
-        self.retry_after_s = retry_after_s
-
-
-MAX_BUSY_WAIT_S = 60.0  # the longest one 429 makes a request wait, whatever Retry-After says
+from samrollout_client.versions import VersionTracker
+from samrollout_client.weight_push import push_weights
+from samrollout_client.weights import DEFAULT_SHARD_BYTES, WeightFiles, WeightsSource
 
 
 class AsyncRolloutClient:
@@ -135,11 +116,9 @@ class AsyncRolloutClient:
         self.backoff_s, self.progress, self.max_busy_retries = backoff_s, progress, max_busy_retries
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         limits = httpx.Limits(max_connections=max_in_flight + 8, max_keepalive_connections=max_in_flight + 8)
-        self._http = httpx.AsyncClient(headers=headers, timeout=request_timeout_s, limits=limits)
-        self.weight_versions: list[str] = []
-        """Weight versions in the order this client saw them served, newest last: the versions its endpoints
-        reported (/health, responses' spans) and each version its `update_weights` / `push_weights` loaded."""
-        self._version_listeners: list[Callable[[], None]] = []  # open partial rollouts, told of a newer version
+        self._transport = Transport(httpx.AsyncClient(headers=headers, timeout=request_timeout_s, limits=limits),
+                                    self.pool, backoff_s=backoff_s, max_busy_retries=max_busy_retries)
+        self._versions = VersionTracker(self._transport)  # open partial rollouts listen to it
 
     async def __aenter__(self) -> AsyncRolloutClient:
         return self
@@ -150,6 +129,21 @@ class AsyncRolloutClient:
     async def aclose(self) -> None:
         """Close the connections."""
         await self._http.aclose()
+
+    @property
+    def weight_versions(self) -> list[str]:
+        """Weight versions in the order this client saw them served, newest last: the versions its endpoints
+        reported (/health, responses' spans) and each version its `update_weights` / `push_weights` loaded."""
+        return self._versions.versions
+
+    @property
+    def _http(self) -> httpx.AsyncClient:
+        """The HTTP client every call goes through (replaceable, e.g. by one on a mock transport)."""
+        return self._transport.http
+
+    @_http.setter
+    def _http(self, http: httpx.AsyncClient) -> None:
+        self._transport.http = http
 
     # --- rollouts -------------------------------------------------------------------------------
 
@@ -293,7 +287,7 @@ class AsyncRolloutClient:
                       home: Endpoint) -> Sample:
         """One sample, retried on other endpoints on retryable failures."""
         sample = await self._sample_once(group, index, sampling, rollout_id, home)
-        self._saw_versions(sample.versions)
+        self._versions.saw(sample.versions)
         return sample
 
     async def _sample_once(self, group: GroupResult, index: int, sampling: Sampling, rollout_id: str,
@@ -306,11 +300,11 @@ class AsyncRolloutClient:
             if attempt > 1:  # the first attempt's slot was reserved by its group
                 endpoint.outstanding += 1
             try:
-                reply = await self._post_when_admitted(endpoint, "/v1/completions", body, busy)
+                reply = await self._transport.post_when_admitted(endpoint, "/v1/completions", body, busy)
                 self.pool.mark_ok(endpoint)
                 endpoint.weight_version = reply.get("weight_version") or endpoint.weight_version
                 return _to_sample(reply, endpoint.url, attempt)
-            except _Retryable as error:
+            except Retryable as error:
                 last_error = str(error)
                 self.pool.mark_down(endpoint)
             finally:
@@ -342,15 +336,15 @@ class AsyncRolloutClient:
             continuing = bool(sample.token_ids)
             try:
                 target = await self._stream_piece(endpoint, sample.body(base, seed), sample)
-            except _Busy as error:  # refused before it started: wait, then ask the same endpoint again
+            except Busy as error:  # refused before it started: wait, then ask the same endpoint again
                 busy += 1
                 if busy > self.max_busy_retries:
                     raise SamrolloutError(f"{error} ({self.max_busy_retries} times; max_busy_retries)") from None
                 sample.retract_piece()
-                await asyncio.sleep(self._busy_wait_s(error, busy))
+                await asyncio.sleep(self._transport.busy_wait_s(error, busy))
                 endpoint.outstanding += 1
                 continue
-            except _Retryable as error:
+            except Retryable as error:
                 failures += 1
                 self.pool.mark_down(endpoint)
                 tried.add(endpoint.url)
@@ -384,48 +378,20 @@ class AsyncRolloutClient:
         """Stream one piece of ``sample``: the endpoint to move to (its count raised), or None once finished.
 
         Lowers ``endpoint``'s outstanding count when done. Connection problems, 5xx and
-        error events -> `_Retryable` (unless the sample already finished); 4xx -> `RequestRejected`.
+        error events -> `Retryable` (unless the sample already finished); 4xx -> `RequestRejected`.
         """
         assert self.divide_after_tokens is not None
         try:
             target = await stream_piece(self._http, endpoint, body, sample, self.pool.endpoints,
-                                        self.divide_after_tokens, lambda reply: _check_status(endpoint, reply))
-        except (*_RETRYABLE, StreamError) as error:
+                                        self.divide_after_tokens, lambda reply: check_status(endpoint, reply))
+        except (*RETRYABLE_ERRORS, StreamError) as error:
             if sample.finish_reason is None:
-                raise _Retryable(f"{endpoint.url}: {type(error).__name__}: {error}") from None
+                raise Retryable(f"{endpoint.url}: {type(error).__name__}: {error}") from None
             return None
         self.pool.mark_ok(endpoint)
         if target is None and sample.finish_reason is None:
-            raise _Retryable(f"{endpoint.url}: the stream ended before the sample finished")
+            raise Retryable(f"{endpoint.url}: the stream ended before the sample finished")
         return target
-
-    async def _post_when_admitted(self, endpoint: Endpoint, path: str, body: dict[str, Any],
-                                  busy: int) -> dict[str, Any]:
-        """`_post`, waiting out 429s (the server's Retry-After, with backoff) up to ``max_busy_retries`` in all."""
-        while True:
-            try:
-                return await self._post(endpoint, path, body)
-            except _Busy as error:
-                busy += 1
-                if busy > self.max_busy_retries:
-                    raise SamrolloutError(f"{error} ({self.max_busy_retries} times; max_busy_retries)") from None
-                await asyncio.sleep(self._busy_wait_s(error, busy))
-
-    def _busy_wait_s(self, error: _Busy, busy: int) -> float:
-        """How long to wait after the ``busy``-th 429: Retry-After, at least the backoff, capped, with jitter."""
-        wait = max(error.retry_after_s, min(MAX_BUSY_WAIT_S, self.backoff_s * 2.0 ** min(busy - 1, 8)))
-        jitter: float = random.uniform(1.0, 1.1)
-        return min(MAX_BUSY_WAIT_S, wait) * jitter
-
-    async def _post(self, endpoint: Endpoint, path: str, body: dict[str, Any] | None) -> dict[str, Any]:
-        """POST and decode; 4xx -> `RequestRejected`, connection problems and 5xx -> `_Retryable`."""
-        try:
-            reply = await self._http.post(f"{endpoint.url}{path}", json=body)
-        except _RETRYABLE as error:
-            raise _Retryable(f"{endpoint.url}: {type(error).__name__}: {error}") from None
-        _check_status(endpoint, reply)
-        result: dict[str, Any] = reply.json()
-        return result
 
     # --- weights and admin ----------------------------------------------------------------------
 
@@ -437,9 +403,10 @@ class AsyncRolloutClient:
         first (``wait``), end with what they have (``abort``), or go on under the new weights in the
         same response (``continue``: what a `partial_rollout` wants).
         """
-        await self._broadcast("/admin/update_weights", {"path": path, "version": version, "in_flight": in_flight})
-        await self._wait_for_version(version, timeout_s)
-        self._served(version)
+        await self._transport.broadcast("/admin/update_weights",
+                                        {"path": path, "version": version, "in_flight": in_flight})
+        await self._versions.wait_for(version, timeout_s)
+        self._versions.served(version)
 
     async def push_weights(self, weights: WeightsSource, version: str, in_flight: InFlight = "wait",
                            *, shard_bytes: int = DEFAULT_SHARD_BYTES, timeout_s: float = 600.0) -> WeightPush:
@@ -458,92 +425,28 @@ class AsyncRolloutClient:
         that endpoint on its old weights. ``in_flight`` as for `update_weights`. Returns what was
         sent and how long the upload and the load took.
         """
-        started = time.monotonic()
         source = WeightFiles(weights, shard_bytes)  # a bad argument fails here, before any request
-        endpoints = list(self.pool.endpoints)
-        opened = await asyncio.gather(*(self._post(e, "/admin/weight_uploads", None) for e in endpoints),
-                                      return_exceptions=True)
-        uploads = [(e, str(r["upload_id"])) for e, r in zip(endpoints, opened, strict=True) if isinstance(r, dict)]
-        names: list[str] = []
-        sent = 0
-        try:
-            _raise_failures("opening a weight upload", endpoints, opened)
-            for endpoint, reply in zip(endpoints, opened, strict=True):
-                assert isinstance(reply, dict)
-                if source.total_bytes is not None and source.total_bytes > int(reply["max_bytes"]):
-                    raise RequestRejected(endpoint.url, 413, f"these weights ({source.total_bytes} bytes) exceed the "
-                                          f"server's upload bound of {reply['max_bytes']} bytes "
-                                          "(--max-weight-upload-bytes)")
-            async for file in source.files():
-                replies = await asyncio.gather(*(self._put_file(e, upload, file) for e, upload in uploads),
-                                               return_exceptions=True)
-                _raise_failures(f"sending {file.name}", endpoints, replies)
-                names.append(file.name)
-                sent += file.size * len(uploads)
-        except BaseException:
-            await asyncio.gather(*(self._cancel_upload(e, upload) for e, upload in uploads), return_exceptions=True)
-            raise
-        uploaded = time.monotonic()
-        body = {"version": version, "in_flight": in_flight}
-        commits = await asyncio.gather(*(self._post(e, f"/admin/weight_uploads/{upload}/commit", body)
-                                         for e, upload in uploads), return_exceptions=True)
-        _raise_failures("committing the weights", endpoints, commits)
-        await self._wait_for_version(version, timeout_s)
-        self._served(version)
-        done = time.monotonic()
-        return WeightPush(version=version, endpoints=len(uploads), files=names, bytes=sent // max(len(uploads), 1),
-                          bytes_sent=sent, upload_s=uploaded - started, load_s=done - uploaded,
-                          seconds=done - started)
-
-    async def _put_file(self, endpoint: Endpoint, upload_id: str, file: WeightFile) -> None:
-        """Stream one file into an upload; 4xx -> `RequestRejected`, anything else -> `SamrolloutError`."""
-        url = f"{endpoint.url}/admin/weight_uploads/{upload_id}/files/{file.name}"
-        headers = {SHA256_HEADER: file.sha256, "Content-Length": str(file.size),
-                   "Content-Type": "application/octet-stream"}
-        try:
-            reply = await self._http.put(url, content=file.chunks(), headers=headers)
-        except httpx.HTTPError as error:
-            raise SamrolloutError(f"{endpoint.url}: sending {file.name} failed: {type(error).__name__}: {error}") \
-                from None
-        if reply.status_code >= 400:
-            raise RequestRejected(endpoint.url, reply.status_code, error_message(reply))
-
-    async def _cancel_upload(self, endpoint: Endpoint, upload_id: str) -> None:
-        """Cancel an upload (best effort: one that expired or was committed is gone anyway)."""
-        with contextlib.suppress(httpx.HTTPError):
-            await self._http.delete(f"{endpoint.url}/admin/weight_uploads/{upload_id}", timeout=30.0)
-
-    async def _wait_for_version(self, version: str, timeout_s: float) -> None:
-        """Return once every endpoint's /health reports ``version``; SamrolloutError after ``timeout_s``."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            versions = await asyncio.gather(*(self._version(e) for e in self.pool.endpoints))
-            if all(v == version for v in versions):
-                return
-            if time.monotonic() > deadline:
-                raise SamrolloutError(f"not every endpoint serves {version!r} after {timeout_s} s: {versions}")
-            await asyncio.sleep(0.5)
+        return await push_weights(self._transport, self._versions, source, version, in_flight, timeout_s)
 
     async def pause(self, mode: PauseMode = "keep") -> None:
         """Hold generation on every endpoint."""
-        await self._broadcast("/admin/pause", {"mode": mode})
+        await self._transport.broadcast("/admin/pause", {"mode": mode})
 
     async def resume(self) -> None:
         """Resume generation on every endpoint."""
-        await self._broadcast("/admin/resume", None)
+        await self._transport.broadcast("/admin/resume", None)
 
     async def sleep(self, level: Literal[1, 2] = 1) -> None:
         """Free accelerator memory on every endpoint (servers started with sleep mode)."""
-        await self._broadcast("/admin/sleep", {"level": level})
+        await self._transport.broadcast("/admin/sleep", {"level": level})
 
     async def wake(self) -> None:
         """Restore what `sleep` freed, on every endpoint."""
-        await self._broadcast("/admin/wake", None)
+        await self._transport.broadcast("/admin/wake", None)
 
     async def abort(self, rollout_id: str) -> int:
         """Abort every in-flight request of ``rollout_id`` on every reachable endpoint; returns how many."""
-        replies = await asyncio.gather(*(self._post(e, "/admin/abort_rollout", {"rollout_id": rollout_id})
-                                         for e in self.pool.endpoints), return_exceptions=True)
+        replies = await self._transport.post_to_all("/admin/abort_rollout", {"rollout_id": rollout_id})
         return sum(int(r.get("aborted_requests", 0)) for r in replies if isinstance(r, dict))
 
     async def report(self, rollout_id: str) -> RolloutReport:
@@ -559,50 +462,6 @@ class AsyncRolloutClient:
         if not summaries:
             raise SamrolloutError(f"no endpoint knows rollout {rollout_id!r}")
         return combine_summaries(rollout_id, summaries)
-
-    async def _broadcast(self, path: str, body: dict[str, Any] | None) -> None:
-        replies = await asyncio.gather(*(self._post(e, path, body) for e in self.pool.endpoints),
-                                       return_exceptions=True)
-        failed = [f"{e.url}: {r}" for e, r in zip(self.pool.endpoints, replies, strict=True)
-                  if isinstance(r, BaseException)]
-        if failed:
-            raise SamrolloutError(f"{path} failed on {len(failed)} endpoint(s): " + "; ".join(failed))
-
-    async def _version(self, endpoint: Endpoint) -> str | None:
-        """The version ``endpoint``'s /health reports (remembered on the endpoint), or None."""
-        try:
-            reply = await self._http.get(f"{endpoint.url}/health", timeout=10.0)
-            version: str | None = reply.json().get("weight_version") if reply.status_code == 200 else None
-        except httpx.HTTPError:
-            return None
-        endpoint.weight_version = version or endpoint.weight_version
-        if version:
-            self._saw_versions([version])
-        return version
-
-    async def _refresh_versions(self) -> None:
-        """Ask every endpoint which version it serves (recorded in `weight_versions`)."""
-        await asyncio.gather(*(self._version(e) for e in self.pool.endpoints))
-
-    def _saw_versions(self, versions: Iterable[str], notify: bool = True) -> None:
-        """Record versions not met before as the newest, in the order given (partial rollouts told if ``notify``)."""
-        new = [v for v in dict.fromkeys(versions) if v not in self.weight_versions]
-        if not new:
-            return
-        self.weight_versions += new
-        if notify:
-            for listener in list(self._version_listeners):
-                listener()
-
-    def _served(self, version: str) -> None:
-        """Every endpoint serves ``version`` now, after this client's update: it is the newest."""
-        if self.weight_versions and self.weight_versions[-1] == version:
-            return
-        if version in self.weight_versions:  # a name used again: its place is now
-            self.weight_versions.remove(version)
-        self.weight_versions.append(version)
-        for listener in list(self._version_listeners):
-            listener()
 
 
 class _ClientSampler:
@@ -625,17 +484,16 @@ class _ClientSampler:
         return self._client.weight_versions
 
     async def refresh_versions(self) -> None:
-        await self._client._refresh_versions()
+        await self._client._versions.refresh()
 
     def saw_versions(self, versions: Iterable[str]) -> None:
-        self._client._saw_versions(versions, notify=False)
+        self._client._versions.saw(versions, notify=False)
 
     def listen_for_versions(self, listener: Callable[[], None]) -> None:
-        self._client._version_listeners.append(listener)
+        self._client._versions.listen(listener)
 
     def stop_listening(self, listener: Callable[[], None]) -> None:
-        if listener in self._client._version_listeners:
-            self._client._version_listeners.remove(listener)
+        self._client._versions.stop_listening(listener)
 
     def place(self, prompt: Prompt, work: int, in_flight: int) -> Endpoint | None:
         return self._client._place(prompt, work, in_flight)
@@ -649,35 +507,6 @@ class _ClientSampler:
 
     async def abort(self, rollout_id: str) -> int:
         return await self._client.abort(rollout_id)
-
-
-def _retry_after_s(reply: httpx.Response) -> float:
-    """The reply's ``Retry-After`` in seconds (a number; a date or nothing: 1 s)."""
-    try:
-        return max(0.0, float(reply.headers.get("retry-after", "1")))
-    except ValueError:
-        return 1.0
-
-
-def _check_status(endpoint: Endpoint, reply: httpx.Response) -> None:
-    """5xx -> `_Retryable`, 429 -> `_Busy`, other 4xx -> `RequestRejected` (the body must have been read)."""
-    if reply.status_code == 429:
-        raise _Busy(f"{endpoint.url} is busy (429): {error_message(reply)}", _retry_after_s(reply))
-    if reply.status_code >= 500:
-        raise _Retryable(f"{endpoint.url} answered {reply.status_code}: {reply.text[:200]}")
-    if reply.status_code >= 400:
-        raise RequestRejected(endpoint.url, reply.status_code, error_message(reply))
-
-
-def _raise_failures(what: str, endpoints: Sequence[Endpoint], replies: Sequence[object]) -> None:
-    """Raise the failure if one endpoint failed (a `RequestRejected` stays one), or one error naming every endpoint."""
-    failed = [(e, r) for e, r in zip(endpoints, replies, strict=True) if isinstance(r, BaseException)]
-    if not failed:
-        return
-    if len(failed) == 1 and isinstance(failed[0][1], SamrolloutError):
-        raise failed[0][1]
-    details = "; ".join(f"{e.url}: {r}" for e, r in failed)
-    raise SamrolloutError(f"{what} failed on {len(failed)} endpoint(s): {details}")
 
 
 def _to_sample(reply: dict[str, Any], endpoint: str, attempts: int) -> Sample:

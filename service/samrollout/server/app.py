@@ -21,7 +21,7 @@ from samrollout.server.auth import require_api_key
 from samrollout.server.engine_watch import engine_dead, exit_when_engine_dies, start_up_heartbeat
 from samrollout.server.errors import error_response, install_error_handlers
 from samrollout.server.http_limits import BodyLimit
-from samrollout.server.queue_limit import ReleaseQueueHolds
+from samrollout.server.request_end import RequestEnd
 from samrollout.server.runtime import ServerRuntime, start_runtime
 from samrollout.server.settings import ServerSettings
 
@@ -57,7 +57,7 @@ def build_app(settings: ServerSettings) -> FastAPI:
                   description="OpenAI-compatible rollout server with SAM speculative decoding and RL controls.")
     app.state.settings = settings
     install_error_handlers(app)
-    app.add_middleware(ReleaseQueueHolds)
+    app.add_middleware(RequestEnd)
     app.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes)
     app.add_middleware(CountHttpErrors)
     _add_api_docs(app)

@@ -14,7 +14,7 @@ version sampled (more than one after an update with ``in_flight: "continue"``).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from typing import Any, TypeVar, cast
 
 from fastapi import APIRouter, Depends, Request
@@ -24,6 +24,7 @@ from samrollout.metrics.rollouts import SequenceOutcome
 from samrollout.server.auth import require_api_key
 from samrollout.server.errors import ApiError, error_response
 from samrollout.server.inflight import InflightRequest
+from samrollout.server.request_end import at_request_end
 from samrollout.server.rl_fields import (
     AnyRolloutRequest,
     RolloutChatCompletionRequest,
@@ -173,55 +174,70 @@ class _StreamOutcomes:
                 for i in range(self.choices)]
 
 
-async def _generate(runtime: ServerRuntime, request: AnyRolloutRequest,
-                    tracked: InflightRequest, call: Callable[[], Awaitable[Any]]) -> Response:
+class _RequestEnding:
+    """What a generation request gives back when it ends, once: its rollout's sequences (with what they did) and its
+    labels.  Called where the response completes, and again, as a backstop, at the end of the request's ASGI call
+    (`request_end`): a stream whose generator never ran (the client left first) still ends."""
+
+    def __init__(self, runtime: ServerRuntime, rollout: str | None, sequences: int, labels: _RequestLabels) -> None:
+        self.runtime, self.rollout, self.sequences, self.labels = runtime, rollout, sequences, labels
+        self.outcomes: Callable[[], list[SequenceOutcome]] = list  # none known: every sequence counts as aborted
+        self.done = False
+        if rollout is not None:
+            runtime.rollouts.begin(rollout, sequences)
+
+    def __call__(self) -> None:
+        if self.done:
+            return
+        self.done = True
+        if self.rollout is not None:
+            self.runtime.rollouts.end(self.rollout, self.sequences, self.outcomes())
+        self.labels.forget()
+
+
+async def _generate(runtime: ServerRuntime, request: AnyRolloutRequest, tracked: InflightRequest,
+                    call: Callable[[], Awaitable[Any]], scope: MutableMapping[str, Any]) -> Response:
     """Run vLLM's handler with rollout and in-flight tracking; add the RL fields to what it returns."""
     fields = rl_response_fields(request)
-    rollout, sequences = request.rollout_id, tracked.prompts * (request.n or 1)
+    sequences = tracked.prompts * (request.n or 1)
     labels = _RequestLabels(runtime, tracked, request.n or 1)
-    if rollout is not None:
-        runtime.rollouts.begin(rollout, sequences)
-    streaming = False
+    ending = _RequestEnding(runtime, request.rollout_id, sequences, labels)
+    at_request_end(scope, ending)
     try:
         with runtime.inflight.track(tracked):
             result = await call()
-        if hasattr(result, "error") and hasattr(result.error, "code"):  # vLLM's ErrorResponse
-            return error_response(int(result.error.code), str(result.error.message), result.error.param)
-        if hasattr(result, "model_dump"):
-            body = result.model_dump(exclude_none=False)
-            body.update(fields)
-            labels.stamp(body, body=True)  # the versions that sampled its tokens, not the one serving now
-            if rollout is not None:
-                runtime.rollouts.end(rollout, sequences, outcomes_of(body))
-                rollout = None
-            return JSONResponse(body)
-        streaming = True
-        prefix = "chatcmpl" if tracked.kind == "chat" else "cmpl"
-        shape = StreamShape(tracked.kind, f"{prefix}-{tracked.base_id}", request.model or runtime.model_name, sequences,
-                            bool(getattr(request, "return_token_ids", False)))
-        return StreamingResponse(_stream(runtime, result, ChoiceEndings(shape), tracked, fields, rollout, sequences,
-                                         labels),
-                                 media_type="text/event-stream")
-    finally:
-        if not streaming:
-            labels.forget()
-            if rollout is not None:
-                runtime.rollouts.end(rollout, sequences, [])
+    except BaseException:
+        ending()
+        raise
+    if hasattr(result, "error") and hasattr(result.error, "code"):  # vLLM's ErrorResponse
+        ending()
+        return error_response(int(result.error.code), str(result.error.message), result.error.param)
+    if hasattr(result, "model_dump"):
+        body = result.model_dump(exclude_none=False)
+        body.update(fields)
+        labels.stamp(body, body=True)  # the versions that sampled its tokens, not the one serving now
+        ending.outcomes = lambda: outcomes_of(body)
+        ending()
+        return JSONResponse(body)
+    seen = _StreamOutcomes(sequences)
+    ending.outcomes = lambda: seen.outcomes(labels.choices(), labels.request())
+    prefix = "chatcmpl" if tracked.kind == "chat" else "cmpl"
+    shape = StreamShape(tracked.kind, f"{prefix}-{tracked.base_id}", request.model or runtime.model_name, sequences,
+                        bool(getattr(request, "return_token_ids", False)))
+    return StreamingResponse(_stream(runtime, result, ChoiceEndings(shape), tracked, fields, seen, labels, ending),
+                             media_type="text/event-stream")
 
 
 async def _stream(runtime: ServerRuntime, chunks: AsyncIterator[str], endings: ChoiceEndings,
-                  tracked: InflightRequest, fields: dict[str, Any], rollout: str | None,
-                  sequences: int, labels: _RequestLabels) -> AsyncIterator[str]:
+                  tracked: InflightRequest, fields: dict[str, Any], seen: _StreamOutcomes,
+                  labels: _RequestLabels, ending: _RequestEnding) -> AsyncIterator[str]:
     """vLLM's SSE stream with the RL fields, each chunk labelled with the version that sampled its tokens."""
-    seen = _StreamOutcomes(sequences)
     try:
         with runtime.inflight.track(tracked):
             async for chunk in annotate_stream(chunks, fields, seen.see, endings, labels.stamp):
                 yield chunk
     finally:
-        if rollout is not None:
-            runtime.rollouts.end(rollout, sequences, seen.outcomes(labels.choices(), labels.request()))
-        labels.forget()
+        ending()
 
 
 @router.post("/v1/completions", responses=_ERRORS, dependencies=[Depends(validate_json_request)])
@@ -237,7 +253,7 @@ async def create_completion(request: RolloutCompletionRequest, raw_request: Requ
     tracked = InflightRequest(_base_id(raw_request, request.request_id), "completion", prompts, request.rollout_id)
     handler = runtime.state.openai_serving_completion
     return await _generate(runtime, request, tracked,
-                           lambda: handler.create_completion(request, raw_request))
+                           lambda: handler.create_completion(request, raw_request), raw_request.scope)
 
 
 @router.post("/v1/chat/completions", responses=_ERRORS, dependencies=[Depends(validate_json_request)])
@@ -254,7 +270,7 @@ async def create_chat_completion(request: RolloutChatCompletionRequest, raw_requ
     attach_engine_args(request)
     tracked = InflightRequest(_base_id(raw_request, request.request_id), "chat", 1, request.rollout_id)
     return await _generate(runtime, request, tracked,
-                           lambda: handler.create_chat_completion(request, raw_request))
+                           lambda: handler.create_chat_completion(request, raw_request), raw_request.scope)
 
 
 @router.get("/v1/rollouts/{rollout_id}", responses={404: {"description": "unknown rollout"}})
