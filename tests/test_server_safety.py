@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import os
 import socket
 import threading
@@ -28,6 +29,7 @@ from samrollout.testing import ServerProcess, start_server
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 HEADER_TIMEOUT_S = 2
+BODY_TIMEOUT_S = 3
 MAX_CONNECTIONS = 48
 SLOTS, QUEUED = 4, 4
 SHUTDOWN_TIMEOUT_S = 10
@@ -40,7 +42,8 @@ def guarded_server(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     server = start_server(["--model", str(tiny_dir), "--served-model-name", "tiny", "--api-key", API_KEY,
                            "--max-model-len", "512", "--dtype", "float32",
                            "--gpu-memory-utilization", str(TINY_SERVER_MEMORY),
-                           "--header-timeout", str(HEADER_TIMEOUT_S), "--max-connections", str(MAX_CONNECTIONS),
+                           "--header-timeout", str(HEADER_TIMEOUT_S), "--body-timeout", str(BODY_TIMEOUT_S),
+                           "--max-connections", str(MAX_CONNECTIONS),
                            "--max-num-seqs", str(SLOTS), "--max-queued-requests", str(QUEUED),
                            "--shutdown-timeout", str(SHUTDOWN_TIMEOUT_S), "--no-weight-value-check"], log)
     yield server
@@ -181,6 +184,32 @@ def test_a_slowloris_connection_is_closed_after_the_header_timeout(guarded_serve
 def test_an_idle_new_connection_is_closed_after_the_header_timeout(guarded_server: ServerProcess) -> None:
     sock = _connect(guarded_server)
     assert _read_until_closed(sock, limit_s=HEADER_TIMEOUT_S * 5).startswith(b"HTTP/1.1 408")
+
+
+def test_a_body_trickled_past_the_body_timeout_gets_408_and_the_connection_closes(
+        guarded_server: ServerProcess) -> None:
+    # The headers arrive at once (the header timeout is met); the body then comes a byte every half second.
+    body = json.dumps({"model": "tiny", "prompt": "trickled", "max_tokens": 2}).encode()
+    sock = _connect(guarded_server)
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Authorization: Bearer " + API_KEY.encode() + b"\r\n"
+                 b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n")
+    started, answer = time.monotonic(), b""
+    sock.settimeout(0.5)
+    for byte in body[:-1]:  # never the last byte
+        try:
+            sock.sendall(bytes([byte]))
+            answer += sock.recv(4096)
+        except TimeoutError:
+            continue
+        except OSError:  # closed by the server after its answer
+            break
+        if answer:
+            break
+    answer += _read_until_closed(sock, limit_s=BODY_TIMEOUT_S * 5)
+    assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
+    assert b"--body-timeout" in answer and time.monotonic() - started < BODY_TIMEOUT_S * 5
+    assert httpx.get(f"{guarded_server.url}/health", timeout=10).status_code == 200
 
 
 def test_connections_past_the_limit_get_503_and_are_closed(guarded_server: ServerProcess) -> None:

@@ -58,7 +58,7 @@ def build_app(settings: ServerSettings) -> FastAPI:
     app.state.settings = settings
     install_error_handlers(app)
     app.add_middleware(RequestEnd)
-    app.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes, body_timeout=settings.body_timeout)
     app.add_middleware(CountHttpErrors)
     _add_api_docs(app)
     app.include_router(openai_routes.router)

@@ -7,8 +7,11 @@
   closed by uvicorn's own ``timeout_keep_alive``.
 - `BodyLimit` is an ASGI middleware refusing request bodies over ``max_bytes`` with a 413: from
   ``Content-Length`` before any of the body is read, or while a chunked body streams in, so a
-  huge body never sits in memory.  Weight files pushed to ``/admin/weight_uploads`` stream to
-  disk under their own limit (``--max-weight-upload-bytes``) and are exempt.
+  huge body never sits in memory; and a body still arriving ``body_timeout`` seconds after the
+  app started reading it with a 408, so a client trickling a body byte by byte cannot hold a
+  request (and its connection) open after its headers came in time.  Weight files pushed to
+  ``/admin/weight_uploads`` stream to disk under their own limits (``--max-weight-upload-bytes``,
+  an idle upload's expiry) and are exempt from both.
 
 Connections refused or timed out here are counted in ``samrollout_http_errors_total`` (503, 408)
 like the app's own error responses.
@@ -117,11 +120,19 @@ class BodyTooLarge(HTTPException):
                          headers={"Connection": "close"})
 
 
-class BodyLimit:
-    """ASGI middleware: 413 for request bodies over ``max_bytes`` (module docstring)."""
+class BodyTooSlow(HTTPException):
+    """A request body still arriving after the body timeout (answered 408 by the error handlers)."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
-        self.app, self.max_bytes = app, max_bytes
+    def __init__(self, body_timeout: float) -> None:
+        super().__init__(408, f"request body not received within {body_timeout:g} s (--body-timeout)",
+                         headers={"Connection": "close"})
+
+
+class BodyLimit:
+    """ASGI middleware: 413 for request bodies over ``max_bytes``, 408 for one slower than ``body_timeout``."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int, body_timeout: float) -> None:
+        self.app, self.max_bytes, self.body_timeout = app, max_bytes, body_timeout
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Answer 413 for a declared body over the limit; otherwise run the app, counting the body's bytes."""
@@ -135,16 +146,28 @@ class BodyLimit:
         await self.app(scope, self._counting(receive), send)
 
     def _counting(self, receive: Receive) -> Receive:
-        """``receive`` that raises `BodyTooLarge` once the body read so far passes the limit."""
-        seen = 0
+        """``receive`` that raises `BodyTooLarge` once the body read so far passes the limit, and `BodyTooSlow`
+        when the body is not complete ``body_timeout`` seconds after the first read (what is received after the
+        body, such as a disconnect a streamed response waits for, is not timed)."""
+        seen, complete, deadline = 0, False, None
 
         async def counted() -> Message:
-            nonlocal seen
-            message = await receive()
+            nonlocal seen, complete, deadline
+            if complete:
+                return await receive()
+            loop = asyncio.get_running_loop()
+            deadline = deadline if deadline is not None else loop.time() + self.body_timeout
+            try:
+                message = await asyncio.wait_for(receive(), max(0.0, deadline - loop.time()))
+            except TimeoutError:  # answered (and counted) as a 408 by the error handlers
+                raise BodyTooSlow(self.body_timeout) from None
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
+                complete = not message.get("more_body", False)
                 if seen > self.max_bytes:
                     raise BodyTooLarge(self.max_bytes)
+            else:
+                complete = True  # a disconnect: nothing more will come
             return message
 
         return counted

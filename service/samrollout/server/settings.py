@@ -163,6 +163,10 @@ class ServerSettings(BaseSettings):
         15.0, gt=0.0, json_schema_extra=_metavar("SECONDS"),
         description="seconds a connection may take to send a request's headers (also an idle "
         "new connection), then it is closed")
+    body_timeout: float = Field(
+        60.0, gt=0.0, json_schema_extra=_metavar("SECONDS"),
+        description="seconds a request's body may take to arrive once its headers are in (then 408 and "
+        "closed); weight files pushed to /admin/weight_uploads are exempt")
     keep_alive_timeout: int = Field(5, ge=1, json_schema_extra=_metavar("SECONDS"),
         description="seconds an idle keep-alive connection stays open")
     max_queued_requests: int = Field(
