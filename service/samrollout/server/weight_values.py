@@ -1,12 +1,13 @@
 """The value check of new weights: no NaN or infinity in any floating-point tensor.
 
 A diverged training step writes such a file, and vLLM loads it without a word; every
-completion then comes out as token 0.  `check_finite` reads each tensor of the (already
-structurally checked) safetensors files once, in chunks through a memory map, and tests the
-exponent bits: a float is NaN or infinite exactly when all its exponent bits are set (for
-float8 e4m3, which has no infinity, when exponent and mantissa are all set).  That is one
-integer AND and compare per value in numpy, with no conversion to a wider type, so any
-floating dtype costs the same per byte; integer and boolean tensors need no check.
+completion then comes out as token 0.  `first_non_finite` reads each tensor of the (already
+structurally checked) safetensors files once, at the offsets their parsed headers give, in
+chunks through a memory map, and tests the exponent bits: a float is NaN or infinite exactly
+when all its exponent bits are set (for float8 e4m3, which has no infinity, when exponent and
+mantissa are all set).  That is one integer AND and compare per value in numpy, with no
+conversion to a wider type, so any floating dtype costs the same per byte; integer and
+boolean tensors need no check.
 
 It reports what it found and raises nothing of its own: `weights_check` turns a finding into
 its `WeightsError`, so this module depends on no other of the server's.
@@ -14,8 +15,7 @@ its `WeightsError`, so this module depends on no other of the server's.
 
 from __future__ import annotations
 
-import json
-import struct
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -34,14 +34,14 @@ _NON_FINITE: dict[str, tuple[type[np.unsignedinteger], int, int]] = {
 CHUNK_BYTES = 64 * 1024 * 1024  # bounded memory: one chunk's temporaries at a time
 
 
-def _tensors(path: Path) -> tuple[int, list[tuple[str, str, int, int]]]:
-    """The data section's offset and every tensor's (name, dtype, begin, end) in one safetensors file."""
-    with path.open("rb") as handle:
-        (length,) = struct.unpack("<Q", handle.read(8))
-        header = json.loads(handle.read(length))
-    entries = [(name, entry["dtype"], *entry["data_offsets"]) for name, entry in header.items()
-               if name != "__metadata__"]
-    return 8 + length, sorted(entries, key=lambda item: item[2])
+@dataclass(frozen=True)
+class FileTensors:
+    """Where one checked safetensors file keeps its tensors: the data section's offset in the file, and each
+    tensor's (name, dtype, begin, end) within it, from the header the layout check parsed (read once)."""
+
+    path: Path
+    data_start: int
+    tensors: list[tuple[str, str, int, int]]
 
 
 def _first_non_finite(data: np.memmap, dtype: str, begin: int, end: int) -> int | None:
@@ -57,21 +57,21 @@ def _first_non_finite(data: np.memmap, dtype: str, begin: int, end: int) -> int 
     return None
 
 
-def first_non_finite(files: list[Path]) -> str | None:
+def first_non_finite(files: list[FileTensors]) -> str | None:
     """What is wrong, naming the first tensor (and file) that holds a NaN or infinite value; None when every
-    floating-point value is finite.  Each file is read once."""
-    for path in files:
-        data_start, entries = _tensors(path)
+    floating-point value is finite.  Each file's data is read once; its header is not read again."""
+    for file in files:
+        entries = sorted(file.tensors, key=lambda item: item[2])
         if not any(dtype in _NON_FINITE for _, dtype, _, _ in entries):
             continue
-        data = np.memmap(path, dtype=np.uint8, mode="r")
+        data = np.memmap(file.path, dtype=np.uint8, mode="r")
         try:
             for name, dtype, begin, end in entries:
                 if dtype not in _NON_FINITE or begin == end:
                     continue
-                index = _first_non_finite(data, dtype, data_start + begin, data_start + end)
+                index = _first_non_finite(data, dtype, file.data_start + begin, file.data_start + end)
                 if index is not None:
-                    return (f"{path.name}: tensor {name!r} ({dtype}) holds NaN or infinite values "
+                    return (f"{file.path.name}: tensor {name!r} ({dtype}) holds NaN or infinite values "
                             f"(the first at flat index {index})")
         finally:
             del data

@@ -21,7 +21,7 @@ import stat
 import struct
 from pathlib import Path
 
-from samrollout.server.weight_values import first_non_finite
+from samrollout.server.weight_values import FileTensors, first_non_finite
 
 logger = logging.getLogger("samrollout.server")
 
@@ -116,7 +116,13 @@ def _entry_spec(file: str, name: str, entry: object) -> tuple[TensorSpec, int, i
 
 
 def read_header(path: Path) -> Layout:
-    """The tensors of one safetensors file, after checking that its header describes the file exactly.
+    """The tensors of one safetensors file (`read_file`'s layout)."""
+    return read_file(path)[0]
+
+
+def read_file(path: Path) -> tuple[Layout, FileTensors]:
+    """The tensors of one safetensors file and where their bytes are, after checking that its header describes
+    the file exactly.
 
     The header must be JSON, every tensor's bytes must match its dtype and shape, and the
     tensors must tile the data section, which must end where the file ends: a truncated or
@@ -152,6 +158,7 @@ def read_header(path: Path) -> Layout:
             continue
         layout[name], begin, end = _entry_spec(file, name, entry)
         spans.append((begin, end, name))
+    tensors = FileTensors(path, 8 + length, [(name, layout[name][1], begin, end) for begin, end, name in spans])
     position = 0
     for begin, end, name in sorted(spans):
         if begin != position:
@@ -162,7 +169,7 @@ def read_header(path: Path) -> Layout:
     if position != data:
         raise WeightsError(f"{file} is truncated or corrupt: its header describes {position} bytes of tensor data, "
                            f"the file holds {data}")
-    return layout
+    return layout, tensors
 
 
 def _library_opens(path: Path) -> None:
@@ -176,17 +183,20 @@ def _library_opens(path: Path) -> None:
         raise WeightsError(f"{path.name}: the safetensors library cannot open it: {error}") from None
 
 
-def read_directory(path: str) -> dict[str, tuple[str, TensorSpec]]:
-    """Every tensor of the directory's ``*.safetensors`` files: name -> (file name, spec); each file checked whole."""
+def read_directory(path: str) -> tuple[dict[str, tuple[str, TensorSpec]], list[FileTensors]]:
+    """Every tensor of the directory's ``*.safetensors`` files (name -> (file name, spec)), and where each file keeps
+    them (for the value check); each file checked whole."""
     found: dict[str, tuple[str, TensorSpec]] = {}
+    files: list[FileTensors] = []
     for file in _weight_files(path):
-        layout = read_header(file)
+        layout, tensors = read_file(file)
         _library_opens(file)
+        files.append(tensors)
         for name, spec in layout.items():
             if name in found:
                 raise WeightsError(f"tensor {name!r} is in both {found[name][0]} and {file.name}")
             found[name] = (file.name, spec)
-    return found
+    return found, files
 
 
 def check_weights_dir(path: str, expected: Layout | None, values: bool = False) -> Path:
@@ -198,11 +208,11 @@ def check_weights_dir(path: str, expected: Layout | None, values: bool = False) 
     ``values``: also read every floating-point tensor once and refuse NaN or infinite values
     (`weight_values.first_non_finite`), after the headers and layout passed.
     """
-    found = read_directory(path)
+    found, files = read_directory(path)
     if expected is not None:
         _check_layout(found, expected)
     if values:
-        finding = first_non_finite(_weight_files(path))
+        finding = first_non_finite(files)
         if finding is not None:
             raise WeightsError(f"{finding}; the served weights are kept")
     return Path(path)
@@ -235,7 +245,7 @@ def checkpoint_layout(model_path: str) -> Layout | None:
         logger.info("weight updates: %s is not a local directory; their layout will not be checked", model_path)
         return None
     try:
-        return {name: spec for name, (_, spec) in read_directory(model_path).items()}
+        return {name: spec for name, (_, spec) in read_directory(model_path)[0].items()}
     except WeightsError as error:
         logger.warning("weight updates: the served checkpoint's layout cannot be read (%s); it will not be checked",
                        error)
