@@ -75,6 +75,15 @@ import httpx
 
 HERE = Path(__file__).resolve().parent
 MODES = ("sync-wait", "sync-abort", "async-continue")
+BOUNDED = re.compile(r"^async-continue-s(\d+)$")  # async-continue with its own max_staleness, e.g. async-continue-s2
+
+
+def mode_runner(mode: str, args: argparse.Namespace) -> tuple[str, argparse.Namespace]:
+    """The runner's name for ``mode`` and the arguments it runs with (``async-continue-sK``: max_staleness K)."""
+    bound = BOUNDED.match(mode)
+    if bound is None:
+        return mode, args
+    return "async-continue", argparse.Namespace(**{**vars(args), "max_staleness": int(bound.group(1))})
 CHAT = ("<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
         "<|im_start|>user\n{question}<|im_end|>\n<|im_start|>assistant\n")
 TOPICS = ("the ocean", "volcanoes", "the Roman empire", "honey bees", "the moon", "trains", "chess", "rain forests",
@@ -351,7 +360,8 @@ async def run_mode(client: Any, mode: str, round_index: int, urls: list[str], ar
         await wait_idle(url)
     before = [server_counters(url) for url in urls]
     print(f"{mode} (round {round_index + 1}/{args.rounds}) ...", file=sys.stderr, flush=True)
-    record = await RUNNERS[mode](client, questions(args.seed), args, sampling, weights)
+    runner, mode_args = mode_runner(mode, args)
+    record = await RUNNERS[runner](client, questions(args.seed), mode_args, sampling, weights)
     for url in urls:
         await wait_idle(url)
     deltas = [counters_delta(b, server_counters(url)) for b, url in zip(before, urls, strict=True)]
@@ -381,13 +391,13 @@ def report(result: dict[str, Any]) -> None:
           "loop (rollouts, trainer sleeps and updates)")
     print("staleness: samples returned per number of versions their oldest token lags the newest; recomputed: "
           "tokens the server prefilled again to continue requests under new weights")
-    print(f"{'mode':<16}{'samples/s':>10}{'vs sync-wait':>14}{'discarded tok':>15}{'recomputed tok':>16}"
+    print(f"{'mode':<20}{'samples/s':>10}{'vs sync-wait':>14}{'discarded tok':>15}{'recomputed tok':>16}"
           f"{'useful tok/s':>14}{'median step s':>15}{'median update s':>17}{'staleness':>22}")
     for mode, row in modes.items():
         speedup = f"{row['samples_per_s'] / base:>13.2f}x" if base else f"{'-':>14}"
         stale = ",".join(f"{k}:{v}" for k, v in row["staleness"].items())
         recomputed = row["server"].get("recomputed_tokens", 0.0)
-        print(f"{mode:<16}{row['samples_per_s']:>10.2f}{speedup}{row['discarded_tokens']:>15}{recomputed:>16.0f}"
+        print(f"{mode:<20}{row['samples_per_s']:>10.2f}{speedup}{row['discarded_tokens']:>15}{recomputed:>16.0f}"
               f"{row['useful_tokens_per_s']:>14.1f}{statistics.median(row['step_s']):>15.1f}"
               f"{statistics.median(row['update_s']):>17.2f}{stale:>22}")
 
@@ -416,7 +426,8 @@ def plot(result: dict[str, Any], path: Path) -> None:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line (the module docstring says what it measures)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--modes", type=lambda s: [m for m in s.split(",") if m], default=list(MODES))
+    parser.add_argument("--modes", type=lambda s: [m for m in s.split(",") if m], default=list(MODES),
+                        help="comma-separated; async-continue-sK is async-continue with --max-staleness K")
     parser.add_argument("--steps", type=int, default=5, help="trainer steps per mode")
     parser.add_argument("--groups", type=int, default=8, help="GRPO groups per batch (prompts per step)")
     parser.add_argument("--group-size", type=int, default=8, help="responses per prompt")
@@ -451,9 +462,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="write every group each mode and round ran to DIR/<mode>-<round>.jsonl.gz")
     parser.add_argument("--log", type=Path, default=Path("/tmp/samrollout-async-rollout-bench.log"))
     args = parser.parse_args(argv)
-    unknown = set(args.modes) - set(MODES)
+    unknown = {m for m in args.modes if m not in MODES and not BOUNDED.match(m)}
     if unknown:
-        parser.error(f"unknown modes {sorted(unknown)}; choose from {', '.join(MODES)}")
+        parser.error(f"unknown modes {sorted(unknown)}; choose from {', '.join(MODES)}, or async-continue-sK "
+                     "(async-continue with max_staleness K)")
     return args
 
 

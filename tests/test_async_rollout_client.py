@@ -34,7 +34,8 @@ from samrollout_client import (
     Sampling,
     WeightVersionSpan,
 )
-from samrollout_client.divided import DividedSample
+from samrollout_client.divided import DividedSample, move_target
+from samrollout_client.endpoints import Endpoint
 from samrollout_client.spans import join_spans, parse_spans
 from samrollout_client.verl.settings import backend_settings
 from support.frozen_engine import counter, freeze, in_flight_at_least, step_until, until
@@ -198,6 +199,23 @@ def test_divided_sample_joins_its_pieces_spans() -> None:
     assert result.versions == ["a", "b"] and result.moves == 1
     assert [(s.start, s.end, s.version) for s in result.pieces[1].weight_version_spans] == [(0, 1, "a"),
                                                                                           (1, 3, "b")]
+
+
+def test_a_divided_sample_moves_only_to_an_endpoint_known_to_serve_its_version() -> None:
+    sample = DividedSample(max_tokens=100, want_logprobs=False)
+    sample.start_piece("http://busy")
+    sample.see({"weight_version": "v1", "choices": [{
+        "index": 0, "text": "abcd", "token_ids": [1, 2, 3, 4], "prompt_token_ids": [9],
+        "logprobs": {"token_logprobs": [-1.0] * 4, "tokens": ["a", "b", "c", "d"]}}]})
+    busy = Endpoint("http://busy", outstanding=4, streaming=4, weight_version="v1")
+
+    def target(version: str | None) -> Endpoint | None:
+        return move_target(busy, [busy, Endpoint("http://idle", weight_version=version)], sample, 2)
+
+    moved = target("v1")
+    assert moved is not None and moved.url == "http://idle"
+    assert target(None) is None  # not heard from yet: its version is unknown
+    assert target("v2") is None  # another version than the sample's
 
 
 def test_generate_reads_spans_and_records_versions() -> None:

@@ -201,8 +201,10 @@ def test_streams_left_at_any_moment_give_back_their_queue_holds_and_rollout_coun
 
     status, rollout = asyncio.run(scenario())
     assert status["in_flight_requests"] == 0
-    # Each request the server took is counted once, as one sequence, whenever its client left.
-    assert 0 < rollout["requests"] == rollout["sequences"] == sum(rollout["finish_reasons"].values()) <= len(bodies)
+    # Every request the server took has ended; each sequence that started is counted once (a request cut off
+    # before its response began ends with none).
+    assert 0 < rollout["requests"] <= len(bodies) and rollout["in_flight"] == 0
+    assert rollout["sequences"] == sum(rollout["finish_reasons"].values()) <= rollout["requests"]
 
 
 def test_pause_with_abort_counts_the_requests_it_ends_as_aborted(tiny_server: ServerProcess) -> None:

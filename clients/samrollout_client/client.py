@@ -169,6 +169,8 @@ class AsyncRolloutClient:
         bar = RolloutProgress(len(prompts) * n, enabled=self.progress, description=rollout_id)
 
         planned = self._plan(prompts, n)
+        if self.divide_after_tokens is not None and len(self.pool.endpoints) > 1:
+            await self._versions.refresh()  # a sample moves only to an endpoint known to serve its version
 
         async def run_group(group: GroupResult) -> None:
             # siblings go together, so they share the server's group automaton

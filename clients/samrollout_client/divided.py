@@ -14,7 +14,8 @@ is clean).  A sample moves when all of these hold after a streamed chunk:
   `MOVE_MARGIN` fewer of this client's requests than the sample's endpoint does, or the
   sample's endpoint has requests waiting (it is full) and the other streams fewer than it
   (so, if the servers are alike, it has a free slot);
-- that endpoint is not known to serve another weight version than the sample's so far.
+- that endpoint is known to serve the weight version of the sample's current piece (its last
+  answer to this client or its ``/health`` said so; an endpoint not heard from yet takes no moves).
 
 The one streaming the fewest is the target.  Only this client's requests are counted, as
 for placement.  Room is judged from what is streaming, not from requests assigned: a
@@ -284,7 +285,7 @@ def move_target(current: Endpoint, endpoints: Sequence[Endpoint], sample: Divide
         return None
     version = sample.piece.weight_version
     others = [e for e in endpoints if e is not current and not e.down and has_room(current, e)
-              and (e.weight_version is None or version is None or e.weight_version == version)]
+              and version is not None and e.weight_version == version]
     return min(others, key=lambda e: e.streaming) if others else None
 
 

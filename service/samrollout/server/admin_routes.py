@@ -65,7 +65,7 @@ class Pause(_Body):
 class Step(_Body):
     """How many engine steps a held engine runs before it is held again."""
 
-    steps: int = Field(1, ge=1, le=100_000, description="model steps (forward passes) to run")
+    steps: int = Field(default=1, ge=1, le=100_000, description="model steps (forward passes) to run")
 
 
 class Sleep(_Body):
