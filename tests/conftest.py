@@ -61,11 +61,11 @@ def run_engine(run: EngineRun) -> dict[str, Any]:
 def run_engines_together(runs: Sequence[EngineRun]) -> list[dict[str, Any]]:
     """Each run's JSON, in order; as many engines at once as this process has CPUs, each on CPUs of its own.
 
-    For small models only: the tiny model's engine spends most of its time in single-threaded
-    Python (scheduling, drafting), so two side by side, one CPU each, beat two in turn on both
-    (its exactness pair: 52 s instead of 74 s on 2 cores), while SmolLM2's is compute-bound and
-    runs fastest alone (`run_engine_jobs`).  Runs compared token for token must use the same
-    function: each runs with as many compute threads as it has CPUs.  Engines running at once
+    The tiny model's engine spends most of its time in single-threaded Python (scheduling,
+    drafting), so two side by side, one CPU each, beat two in turn on both (its exactness pair:
+    52 s instead of 74 s on 2 cores).  SmolLM2's is compute-bound, but its start-up (imports,
+    single-threaded) is not: side by side, the start-ups overlap.  Runs compared token for token
+    must use the same function: each runs with as many compute threads as it has CPUs.  Engines running at once
     share `ENGINE`'s memory reservation (a run may set its own).
     """
     cpus = sorted(os.sched_getaffinity(0))

@@ -49,7 +49,7 @@ from samrollout_client.divided import (
 )
 from samrollout_client.endpoints import Endpoint, EndpointPool, least_outstanding
 from samrollout_client.errors import NoEndpointAvailable, RequestRejected, RolloutFailed, SamrolloutError
-from samrollout_client.partial import PartialRollout
+from samrollout_client.partial import DEFAULT_MAX_STALENESS, PartialRollout
 from samrollout_client.placement import (
     DEFAULT_PLACEMENT,
     PLACEMENTS,
@@ -217,7 +217,8 @@ class AsyncRolloutClient:
         return groups
 
     def partial_rollout(self, prompts: Iterable[Prompt], group_size: int = 8, *, batch_groups: int,
-                        sampling: Sampling | None = None, max_staleness: int | None = None,
+                        sampling: Sampling | None = None,
+                        max_staleness: int | None = DEFAULT_MAX_STALENESS,
                         on_stale: StalePolicy = "restart", max_concurrent_groups: int | None = None,
                         rollout_id: str | None = None) -> PartialRollout:
         """Batches of ``batch_groups`` whole groups of ``group_size`` samples; unfinished ones run into the next step.
@@ -228,10 +229,10 @@ class AsyncRolloutClient:
         whenever a group is returned or given up, and `PartialRollout.next_batch` returns the
         first ``batch_groups`` groups to complete, the stalest first.  Push new weights with
         ``in_flight="continue"`` so the samples still generating go on under them.
-        ``max_staleness`` (None: no bound) is the most versions a returned sample's oldest token
-        may lag behind the newest (`Sample.staleness`); a finished sample past it is sent again
-        from its prompt (``on_stale="restart"``) or its group is given up (``"drop"``).  Use as
-        ``async with client.partial_rollout(...) as rollout:``.
+        ``max_staleness`` (default 2, `partial.DEFAULT_MAX_STALENESS`; None: no bound) is the most
+        versions a returned sample's oldest token may lag behind the newest (`Sample.staleness`); a
+        finished sample past it is sent again from its prompt (``on_stale="restart"``) or its group
+        is given up (``"drop"``).  Use as ``async with client.partial_rollout(...) as rollout:``.
         """
         return PartialRollout(_ClientSampler(self), prompts, group_size=group_size, batch_groups=batch_groups,
                               sampling=sampling, max_staleness=max_staleness, on_stale=on_stale,

@@ -8,7 +8,7 @@ from collections.abc import Coroutine, Iterable, Iterator, Sequence
 from typing import Any, Literal, TypeVar
 
 from samrollout_client.client import AsyncRolloutClient
-from samrollout_client.partial import PartialRollout
+from samrollout_client.partial import DEFAULT_MAX_STALENESS, PartialRollout
 from samrollout_client.types import (
     GroupResult,
     InFlight,
@@ -51,7 +51,8 @@ class RolloutClient:
         return self._run(self._client.generate(prompts, n, sampling, rollout_id, timeout_s))
 
     def partial_rollout(self, prompts: Iterable[Prompt], group_size: int = 8, *, batch_groups: int,
-                        sampling: Sampling | None = None, max_staleness: int | None = None,
+                        sampling: Sampling | None = None,
+                        max_staleness: int | None = DEFAULT_MAX_STALENESS,
                         on_stale: StalePolicy = "restart", max_concurrent_groups: int | None = None,
                         rollout_id: str | None = None) -> SyncPartialRollout:
         """See `AsyncRolloutClient.partial_rollout` (``prompts`` is read on the client's loop thread)."""
