@@ -29,10 +29,10 @@ METHOD = "samrollout_run_steps"  # the utility method's name on vLLM's EngineCor
 
 
 class _Countdown:
-    """The steps a `run_steps` call has left, and the future that answers it."""
+    """The steps a `run_steps` call asked for, those run so far, and the future that answers it."""
 
     def __init__(self, steps: int) -> None:
-        self.left = steps
+        self.steps = steps
         self.ran = 0
         self.answer: Future[int] = Future()
 
@@ -72,9 +72,8 @@ def counting_post_step(original: Any) -> Any:
         if countdown is None:
             return
         if model_executed:
-            countdown.left -= 1
             countdown.ran += 1
-        if countdown.left <= 0 or not self.scheduler.has_requests():
+        if countdown.ran >= countdown.steps or not self.scheduler.has_requests():
             _hold(self, countdown)
 
     post_step.__samrollout_patched__ = True  # type: ignore[attr-defined]
@@ -96,7 +95,4 @@ def patch(module: Any) -> bool:
 
 def register() -> None:
     """vLLM general plugin entry point: patch the engine core once vLLM imports it (never raises)."""
-    try:
-        patch_on_import(_TARGET_MODULE, patch, "/admin/step is unavailable", logger)
-    except Exception as exc:  # a plugin must not stop vLLM from starting
-        logger.warning("samrollout: engine core not patched: %s", exc)
+    patch_on_import(_TARGET_MODULE, patch, "/admin/step is unavailable", logger)

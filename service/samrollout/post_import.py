@@ -72,7 +72,8 @@ class PatchAfterImport(importlib.abc.MetaPathFinder):
 
 
 def patch_on_import(module_name: str, patch: Patch, consequence: str, log: logging.Logger) -> None:
-    """Run ``patch(module)`` on ``module_name`` now if it is imported, else right after its import.
+    """Run ``patch(module)`` on ``module_name`` now if it is imported, else right after its import; never raises
+    (a patch that fails is logged), so a plugin may call it without a guard of its own.
 
     ``consequence`` completes the log line if the patch fails ("method 'custom_class' stays
     unavailable").

@@ -56,10 +56,7 @@ async def counter(client: httpx.AsyncClient, name: str = GENERATED) -> float:
 
 async def until(condition: Callable[[], Awaitable[bool]], what: str, timeout: float = 180.0) -> None:
     """Poll the async ``condition()`` until it is true; fail naming ``what`` after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while not await condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.05)
+    assert await _shows_within(condition, timeout), f"timed out waiting for {what}"
 
 
 async def step(client: httpx.AsyncClient, steps: int = 1) -> int:

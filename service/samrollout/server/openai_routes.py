@@ -181,7 +181,7 @@ class _RequestEnding:
 
     def __init__(self, runtime: ServerRuntime, rollout: str | None, sequences: int, labels: _RequestLabels) -> None:
         self.runtime, self.rollout, self.sequences, self.labels = runtime, rollout, sequences, labels
-        self.outcomes: Callable[[], list[SequenceOutcome]] = list  # none known: every sequence counts as aborted
+        self.outcomes: Callable[[], list[SequenceOutcome]] = list  # none known (no response began): none counted
         self.done = False
         if rollout is not None:
             runtime.rollouts.begin(rollout, sequences)

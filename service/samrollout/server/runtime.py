@@ -146,10 +146,10 @@ class ServerRuntime:
         async with self.update_lock:
             try:
                 ran = await self.engine.engine_core.call_utility_async(METHOD, steps)
-            except Exception as exc:  # the plugin did not load: vLLM names the method that failed
-                if METHOD not in str(exc):
+            except Exception as exc:
+                if f"has no attribute '{METHOD}'" not in str(exc):  # vLLM names every failed call's method
                     raise
-                raise ApiError(501, f"this vLLM cannot step a held engine ({exc})") from exc
+                raise ApiError(501, f"this vLLM cannot step a held engine ({exc})") from exc  # the plugin did not load
         self.paused = True
         return int(ran)
 

@@ -91,7 +91,4 @@ def patch(module: Any) -> bool:
 
 def register() -> None:
     """vLLM general plugin entry point: patch the rejection sampler once vLLM imports it (never raises)."""
-    try:
-        patch_on_import(_TARGET_MODULE, patch, "steps without drafts run vLLM's full rejection sampling", logger)
-    except Exception as exc:  # a plugin must not stop vLLM from starting
-        logger.warning("samrollout: rejection sampler not patched: %s", exc)
+    patch_on_import(_TARGET_MODULE, patch, "steps without drafts run vLLM's full rejection sampling", logger)
