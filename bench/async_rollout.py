@@ -23,9 +23,17 @@ long tail.
 - ``async-continue``: a partial rollout (`AsyncRolloutClient.partial_rollout`, up to
   ``--max-concurrent-groups`` groups generating, default two batches) hands over the first
   ``--groups`` groups to complete; the unfinished ones keep generating through the trainer's
-  sleep and the update (``in_flight="continue"``) goes on under the new weights.
-  ``--max-staleness`` (default: no bound) restarts samples past it (their tokens count as
-  discarded).
+  sleep and the update (``in_flight="continue"``) goes on under the new weights, their KV
+  computed again.  ``--max-staleness`` (default: no bound) restarts samples past it (their
+  tokens count as discarded).
+- ``async-continue-keep-kv``: the same with ``in_flight="continue-keep-kv"``: the samples
+  in flight keep their KV cache across the update (nothing prefilled again).
+
+For the two async modes each update's *recovery* is measured too: the seconds from the
+update's return until the server's token rate (over the last ``RATE_WINDOW_S``) is back to
+``RECOVERED`` of the rate in the second before the update (the trainer's last second of
+sleep, the same requests running): how long the requests in flight take to be back at full
+speed.
 
 With ``--servers N`` it starts N servers, each engine bound to a core of its own (the client
 places groups over them with its default placement), and with ``--rounds R`` it runs the modes
@@ -64,30 +72,41 @@ import platform
 import random
 import re
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 
 HERE = Path(__file__).resolve().parent
-MODES = ("sync-wait", "sync-abort", "async-continue")
-BOUNDED = re.compile(r"^async-continue-s(\d+)$")  # async-continue with its own max_staleness, e.g. async-continue-s2
+MODES = ("sync-wait", "sync-abort", "async-continue", "async-continue-keep-kv")
+# An async mode with its own max_staleness, e.g. async-continue-s2 or async-continue-keep-kv-s2.
+BOUNDED = re.compile(r"^(async-continue(?:-keep-kv)?)-s(\d+)$")
 
 
 def mode_runner(mode: str, args: argparse.Namespace) -> tuple[str, argparse.Namespace]:
-    """The runner's name for ``mode`` and the arguments it runs with (``async-continue-sK``: max_staleness K)."""
+    """The runner's name for ``mode`` and the arguments it runs with: the update's ``in_flight`` (``-keep-kv``:
+    ``continue-keep-kv``) and for ``...-sK`` max_staleness K."""
     bound = BOUNDED.match(mode)
-    if bound is None:
-        return mode, args
-    return "async-continue", argparse.Namespace(**{**vars(args), "max_staleness": int(bound.group(1))})
+    base = bound.group(1) if bound else mode
+    changes: dict[str, Any] = {"in_flight": "continue-keep-kv" if base.endswith("-keep-kv") else "continue"}
+    if bound:
+        changes["max_staleness"] = int(bound.group(2))
+    runner = "async-continue" if base.startswith("async-continue") else base
+    return runner, argparse.Namespace(**{**vars(args), **changes})
 CHAT = ("<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
         "<|im_start|>user\n{question}<|im_end|>\n<|im_start|>assistant\n")
 TOPICS = ("the ocean", "volcanoes", "the Roman empire", "honey bees", "the moon", "trains", "chess", "rain forests",
           "electricity", "bread", "glaciers", "the internet", "owls", "music", "mountains", "deserts")
+RATE_WINDOW_S = 0.5   # the token rate after an update, over this trailing window
+RECOVERED = 0.8       # ... back to this fraction of the rate before it: the requests in flight are at full speed
+RECOVERY_LIMIT_S = 30.0
 SERVER_COUNTERS = {"continued_requests": "samrollout_continued_requests_total",
                    "recomputed_tokens": "samrollout_recomputed_tokens_total",
                    "preemptions": "samrollout_preemptions_total",
@@ -126,7 +145,7 @@ def server_counters(url: str) -> dict[str, float]:
     for key, name in SERVER_COUNTERS.items():
         values[key] = sum(float(m.group(1)) for m in re.finditer(rf"^{name}(?:{{[^}}]*}})? (\S+)$", text, re.M))
     for part in ("sum", "count"):
-        for match in re.finditer(rf'^samrollout_weight_update_pause_seconds_{part}{{in_flight="(\w+)"}} (\S+)$',
+        for match in re.finditer(rf'^samrollout_weight_update_pause_seconds_{part}{{in_flight="([\w-]+)"}} (\S+)$',
                                  text, re.M):
             values[f"pause_{part}_{match.group(1)}"] = float(match.group(2))
     return values
@@ -157,6 +176,37 @@ def tokens(groups: list[Any]) -> int:
 def staleness_counts(groups: list[Any], history: list[str]) -> Counter[int]:
     """How many returned samples have each staleness (versions their oldest token lags behind the newest)."""
     return Counter(s.staleness(history) for g in groups for s in g.samples)
+
+
+def generated_tokens(urls: list[str]) -> float:
+    """Tokens the servers have generated so far (their ``samrollout_generated_tokens_total``)."""
+    return sum(server_counters(url)["generated_tokens"] for url in urls)
+
+
+async def token_rate(urls: list[str], seconds: float) -> float:
+    """The servers' generated tokens per second over the next ``seconds``."""
+    start, began = await asyncio.to_thread(generated_tokens, urls), time.perf_counter()
+    await asyncio.sleep(seconds)
+    return (await asyncio.to_thread(generated_tokens, urls) - start) / (time.perf_counter() - began)
+
+
+async def recovery_s(urls: list[str], rate_before: float) -> float:
+    """Seconds from now until the token rate over the last `RATE_WINDOW_S` is back to `RECOVERED` x ``rate_before``
+    (0 when nothing was generating; `RECOVERY_LIMIT_S` if it never is)."""
+    if rate_before <= 0:
+        return 0.0
+    began = time.perf_counter()
+    samples = [(began, await asyncio.to_thread(generated_tokens, urls))]
+    while (now := time.perf_counter()) - began < RECOVERY_LIMIT_S:
+        await asyncio.sleep(0.05)
+        now, count = time.perf_counter(), await asyncio.to_thread(generated_tokens, urls)
+        samples.append((now, count))
+        window = [(t, c) for t, c in samples if t >= now - RATE_WINDOW_S]
+        if now - began >= RATE_WINDOW_S and len(window) > 1:
+            (t0, c0), (t1, c1) = window[0], window[-1]
+            if t1 > t0 and (c1 - c0) / (t1 - t0) >= RECOVERED * rate_before:
+                return t0 - began  # the window that reached full speed began here
+    return RECOVERY_LIMIT_S
 
 
 class StoppablePrompts:
@@ -280,9 +330,11 @@ async def run_sync_abort(client: Any, prompts: Iterator[str], args: argparse.Nam
 
 async def run_async_continue(client: Any, prompts: Iterator[str], args: argparse.Namespace, sampling: Any,
                              weights: str) -> dict[str, Any]:
-    """``async-continue``: a partial rollout; train while the unfinished samples run on; update with ``continue``."""
+    """``async-continue`` (and ``-keep-kv``): a partial rollout; train while the unfinished samples run on; update with
+    ``args.in_flight``; each update's recovery (`recovery_s`)."""
     record: dict[str, Any] = {"step_s": [], "rollout_s": [], "update_s": [], "samples": 0, "useful_tokens": 0,
-                              "carried_over": [], "groups_run": []}
+                              "carried_over": [], "groups_run": [], "rate_before_update": []}
+    recoveries: list[asyncio.Task[float]] = []  # measured beside the loop, which goes on meanwhile
     staleness: Counter[int] = Counter()
     stream = StoppablePrompts(prompts)
     start = time.perf_counter()
@@ -297,10 +349,13 @@ async def run_async_continue(client: Any, prompts: Iterator[str], args: argparse
             record["groups_run"] += [(step, True, g) for g in batch]
             record["carried_over"].append(rollout.running)
             staleness += staleness_counts(batch, rollout.versions)
-            await asyncio.sleep(args.train_s)
+            await asyncio.sleep(max(0.0, args.train_s - 1.0))
+            rate = await token_rate(args.urls, min(1.0, args.train_s))  # the trainer's last second
             updated = time.perf_counter()
-            await client.update_weights(weights, f"async-continue-{step + 1}", in_flight="continue")
+            await client.update_weights(weights, f"async-continue-{step + 1}", in_flight=args.in_flight)
             done = time.perf_counter()
+            record["rate_before_update"].append(rate)
+            recoveries.append(asyncio.create_task(recovery_s(args.urls, rate)))
             record_step(record, batch, rollout_s, began, updated, done)
             print(f"  async-continue step {step + 1}/{args.steps}: waited {rollout_s:.1f} s for the batch, step "
                   f"{done - began:.1f} s, {rollout.running} samples carried on", file=sys.stderr, flush=True)
@@ -311,6 +366,7 @@ async def run_async_continue(client: Any, prompts: Iterator[str], args: argparse
             stream.stop()
             while rest := await rollout.next_batch():
                 record["groups_run"] += [(args.steps, False, g) for g in rest]
+    record["recovery_s"] = list(await asyncio.gather(*recoveries))
     record["discarded_tokens"] = stats.discarded_tokens
     record["partial_rollout_stats"] = stats.model_dump()
     record["staleness"] = dict(sorted(staleness.items()))
@@ -361,6 +417,7 @@ async def run_mode(client: Any, mode: str, round_index: int, urls: list[str], ar
     before = [server_counters(url) for url in urls]
     print(f"{mode} (round {round_index + 1}/{args.rounds}) ...", file=sys.stderr, flush=True)
     runner, mode_args = mode_runner(mode, args)
+    mode_args.urls = urls
     record = await RUNNERS[runner](client, questions(args.seed), mode_args, sampling, weights)
     for url in urls:
         await wait_idle(url)
@@ -391,15 +448,28 @@ def report(result: dict[str, Any]) -> None:
           "loop (rollouts, trainer sleeps and updates)")
     print("staleness: samples returned per number of versions their oldest token lags the newest; recomputed: "
           "tokens the server prefilled again to continue requests under new weights")
-    print(f"{'mode':<20}{'samples/s':>10}{'vs sync-wait':>14}{'discarded tok':>15}{'recomputed tok':>16}"
-          f"{'useful tok/s':>14}{'median step s':>15}{'median update s':>17}{'staleness':>22}")
+    print("pause: seconds the server held generation per update; recovery: seconds after an update until the "
+          f"token rate is back to {RECOVERED:.0%} of the rate before it")
+    print(f"{'mode':<24}{'samples/s':>10}{'vs sync-wait':>14}{'discarded tok':>15}{'recomputed tok':>16}"
+          f"{'useful tok/s':>14}{'median step s':>15}{'median update s':>17}{'pause s':>9}{'recovery s':>12}"
+          f"{'staleness':>22}")
     for mode, row in modes.items():
         speedup = f"{row['samples_per_s'] / base:>13.2f}x" if base else f"{'-':>14}"
         stale = ",".join(f"{k}:{v}" for k, v in row["staleness"].items())
         recomputed = row["server"].get("recomputed_tokens", 0.0)
-        print(f"{mode:<20}{row['samples_per_s']:>10.2f}{speedup}{row['discarded_tokens']:>15}{recomputed:>16.0f}"
+        recovery = f"{statistics.median(row['recovery_s']):>12.2f}" if row.get("recovery_s") else f"{'-':>12}"
+        print(f"{mode:<24}{row['samples_per_s']:>10.2f}{speedup}{row['discarded_tokens']:>15}{recomputed:>16.0f}"
               f"{row['useful_tokens_per_s']:>14.1f}{statistics.median(row['step_s']):>15.1f}"
-              f"{statistics.median(row['update_s']):>17.2f}{stale:>22}")
+              f"{statistics.median(row['update_s']):>17.2f}{mean_pause_s(row['server']):>9.2f}{recovery}{stale:>22}")
+
+
+def mean_pause_s(server: dict[str, float]) -> float:
+    """Seconds the server held generation per weight update, over the updates it counted (any mode)."""
+    count = sum(v for k, v in server.items() if k.startswith("pause_count_"))
+    return sum(v for k, v in server.items() if k.startswith("pause_sum_")) / count if count else 0.0
+
+
+COLORS = ["#888888", "#cc7744", "#3377bb", "#33aa77", "#aa55aa", "#bbaa33"]
 
 
 def plot(result: dict[str, Any], path: Path) -> None:
@@ -409,13 +479,13 @@ def plot(result: dict[str, Any], path: Path) -> None:
     modes = list(result["modes"])
     fig, axes = subplots(1, 2, figsize=(10, 3.8))
     rates = [result["modes"][m]["samples_per_s"] for m in modes]
-    axes[0].bar(modes, rates, color=["#888888", "#cc7744", "#3377bb"][:len(modes)])
+    axes[0].bar(modes, rates, color=COLORS[:len(modes)])
     axes[0].set_ylabel("samples / s")
     axes[0].set_title(f"throughput (trainer step {result['train_s']:.1f} s)")
     for x, rate in enumerate(rates):
         axes[0].annotate(f"{rate:.2f}", (x, rate), ha="center", va="bottom")
     discarded = [result["modes"][m]["discarded_tokens"] for m in modes]
-    axes[1].bar(modes, discarded, color=["#888888", "#cc7744", "#3377bb"][:len(modes)])
+    axes[1].bar(modes, discarded, color=COLORS[:len(modes)])
     axes[1].set_ylabel("tokens")
     axes[1].set_title("generated tokens discarded")
     for x, count in enumerate(discarded):
@@ -427,7 +497,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line (the module docstring says what it measures)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--modes", type=lambda s: [m for m in s.split(",") if m], default=list(MODES),
-                        help="comma-separated; async-continue-sK is async-continue with --max-staleness K")
+                        help="comma-separated; an async mode with -sK (async-continue-s2) has --max-staleness K")
     parser.add_argument("--steps", type=int, default=5, help="trainer steps per mode")
     parser.add_argument("--groups", type=int, default=8, help="GRPO groups per batch (prompts per step)")
     parser.add_argument("--group-size", type=int, default=8, help="responses per prompt")
@@ -461,11 +531,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--record", type=Path, default=None,
                         help="write every group each mode and round ran to DIR/<mode>-<round>.jsonl.gz")
     parser.add_argument("--log", type=Path, default=Path("/tmp/samrollout-async-rollout-bench.log"))
+    parser.add_argument("--panels", type=Path, default=None,
+                        help="run a Prometheus scraping the servers (with deploy/prometheus/rules.yml) and draw the "
+                        "Grafana dashboard's panels over the whole run to this PNG (deploy/render_panels.py)")
     args = parser.parse_args(argv)
     unknown = {m for m in args.modes if m not in MODES and not BOUNDED.match(m)}
     if unknown:
-        parser.error(f"unknown modes {sorted(unknown)}; choose from {', '.join(MODES)}, or async-continue-sK "
-                     "(async-continue with max_staleness K)")
+        parser.error(f"unknown modes {sorted(unknown)}; choose from {', '.join(MODES)}, or an async mode with -sK "
+                     "(max_staleness K)")
     return args
 
 
@@ -493,16 +566,36 @@ def start_servers(args: argparse.Namespace) -> list[Any]:
     return servers
 
 
+def watch_with_prometheus(servers: list[Any]) -> Any:
+    """A Prometheus scraping ``servers`` every second with the deployment's rules (`--panels`)."""
+    from samrollout.testing import start_prometheus
+
+    work = Path(tempfile.mkdtemp(prefix="samrollout-bench-prometheus-"))
+    return start_prometheus([urlsplit(server.url).netloc for server in servers], work,
+                            HERE.parent / "deploy" / "prometheus" / "rules.yml")
+
+
+def draw_panels(prometheus_url: str, minutes: float, out: Path) -> None:
+    """The dashboard's panels over the last ``minutes``, drawn to ``out`` by deploy/render_panels.py."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    subprocess.run([sys.executable, str(HERE.parent / "deploy" / "render_panels.py"), "--prometheus", prometheus_url,
+                    "--minutes", f"{minutes:.1f}", "--scrape-interval", "1", "--out", str(out)], check=True)
+
+
 def main() -> None:
-    """Start the servers, run the modes, print the table, write the JSON and the plot."""
+    """Start the servers, run the modes, print the table, write the JSON, the plot and the panels."""
     args = parse_args()
     from samrollout.models import ensure_smollm2
 
     servers = start_servers(args)
+    prometheus = watch_with_prometheus(servers) if args.panels else None
+    began = time.time()
     try:
         result = asyncio.run(run(args, [server.url for server in servers], str(ensure_smollm2())))
+        if prometheus is not None:
+            draw_panels(prometheus.url, (time.time() - began) / 60 + 0.5, args.panels)
     finally:
-        for server in servers:
+        for server in [*servers, *([prometheus] if prometheus else [])]:
             server.stop()
     result.update({
         "command": " ".join(["bench/async_rollout.py", *sys.argv[1:]]),

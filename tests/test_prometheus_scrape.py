@@ -1,15 +1,17 @@
 """A real Prometheus server scrapes the running samrollout server; its API must return our series.
 
 Needs the ``prometheus`` binary (Debian package ``prometheus``; `make test` installs it).
-Every query of the Grafana dashboard (`deploy/grafana/dashboard.py`) must return data.
+Every query of the Grafana dashboard (`deploy/grafana/dashboard.py`) must return data: the
+traffic includes a ``continue`` and a ``continue-keep-kv`` weight update, each with a request
+generating (the same weights under new versions; the server's version is restored after).
 """
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
-import shutil
-import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -18,7 +20,9 @@ import httpx
 import pytest
 
 from conftest import API_KEY
-from samrollout.testing import ServerProcess, free_port
+from samrollout.testing import ServerProcess, start_prometheus
+from support.frozen_engine import counter, freeze, in_flight_at_least, step_until, until
+from support.weight_swap import WeightSwapper, swapping_weights
 
 ROOT = Path(__file__).resolve().parent.parent
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
@@ -36,35 +40,12 @@ def dashboard_queries() -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def prometheus(tiny_server: ServerProcess, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
-    binary = shutil.which("prometheus")
-    assert binary, "the prometheus binary is missing: apt-get install prometheus (make test does)"
-    work = tmp_path_factory.mktemp("prometheus")
-    target = urlparse(tiny_server.url).netloc
-    (work / "prometheus.yml").write_text(
-        "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
-        f"rule_files:\n  - {ROOT / 'deploy' / 'prometheus' / 'rules.yml'}\n"
-        f"scrape_configs:\n  - job_name: samrollout\n    static_configs:\n      - targets: ['{target}']\n")
-    port = free_port()
-    log = (work / "prometheus.log").open("wb")
-    process = subprocess.Popen([binary, f"--config.file={work / 'prometheus.yml'}",
-                                f"--storage.tsdb.path={work / 'data'}", f"--web.listen-address=127.0.0.1:{port}"],
-                               stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(120):
-            try:
-                if httpx.get(f"{url}/-/ready", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        else:
-            raise AssertionError(f"prometheus did not start:\n{(work / 'prometheus.log').read_text()[-3000:]}")
-        yield url
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
+def prometheus(tiny_server: ServerProcess, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real Prometheus scraping the shared server every second, with deploy/prometheus/rules.yml: its URL."""
+    server = start_prometheus([urlparse(tiny_server.url).netloc], tmp_path_factory.mktemp("prometheus"),
+                              ROOT / "deploy" / "prometheus" / "rules.yml")
+    yield server.url
+    server.stop(timeout=30)
 
 
 def query(prometheus_url: str, expression: str) -> list[dict[str, Any]]:
@@ -110,6 +91,44 @@ def test_prometheus_scrapes_acceptance_latency_and_rollout_series(tiny_server: S
     wait_for(prometheus, 'samrollout_http_errors_total{code="400"} > 0')
 
 
+@pytest.fixture(scope="module")
+def weights(tiny_server: ServerProcess, tiny_dir: Path) -> Iterator[WeightSwapper]:
+    """The shared server, given its own weights under new versions here; its version is restored after."""
+    with swapping_weights(tiny_server, "scrape", tiny_dir, tiny_dir) as swapper:
+        yield swapper
+
+
+@pytest.fixture(scope="module")
+def updated(tiny_server: ServerProcess, weights: WeightSwapper) -> None:
+    """Once for the module: the weight update series the dashboard and the rules read have data."""
+    continue_updates(tiny_server, weights)
+
+
+def continue_updates(server: ServerProcess, weights: WeightSwapper) -> None:
+    """A ``continue`` and a ``continue-keep-kv`` update, each landing a few tokens into a request (frozen engine)."""
+    async def scenario() -> None:
+        async with httpx.AsyncClient(base_url=server.url, headers=AUTH, timeout=300) as client:
+            for mode in ("continue", "continue-keep-kv"):
+                generated = await counter(client)
+                await freeze(client)
+                request = asyncio.create_task(client.post("/v1/completions", json={
+                    "model": "tiny", "prompt": f"update {mode}", "max_tokens": 32, "ignore_eos": True,
+                    "temperature": 0}))
+                await until(lambda: in_flight_at_least(client, 1), "the request to arrive")
+
+                async def generating(before: float = generated) -> bool:
+                    return await counter(client) > before
+
+                await step_until(client, generating)
+                reply = await client.post("/admin/update_weights", json={
+                    "path": str(weights.loaded), "version": weights.new_version(mode), "in_flight": mode})
+                assert reply.status_code == 200 and reply.json()["continued_requests"] == 1, reply.text
+                assert (await request).status_code == 200
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.usefixtures("updated")
 def test_every_dashboard_query_returns_data_from_the_live_server(tiny_server: ServerProcess, prometheus: str) -> None:
     send_traffic(tiny_server)
     time.sleep(3.0)
@@ -122,6 +141,7 @@ def test_every_dashboard_query_returns_data_from_the_live_server(tiny_server: Se
     assert not empty, "dashboard queries without data:\n" + "\n".join(empty)
 
 
+@pytest.mark.usefixtures("updated")
 def test_recording_rules_are_evaluated(tiny_server: ServerProcess, prometheus: str) -> None:
     groups = httpx.get(f"{prometheus}/api/v1/rules", timeout=30).json()["data"]["groups"]
     rules = [rule for group in groups for rule in group["rules"]]
@@ -129,5 +149,5 @@ def test_recording_rules_are_evaluated(tiny_server: ServerProcess, prometheus: s
     recording = [rule["name"] for rule in rules if rule["type"] == "recording"]
     send_traffic(tiny_server)
     for name in recording:
-        if "acceptance" in name:
+        if "acceptance" in name or "weight_update" in name:
             wait_for(prometheus, name, timeout=30)

@@ -13,6 +13,12 @@ compared with the same request run alone (on this CPU the tiny random model's ne
 flip with the batch's composition).
 
 No timing assumption: the engine, not the test, counts the steps before the update lands.
+
+``continue-keep-kv`` (the requests keep their KV cache) runs the same probes: with the same weights
+under a new version a reply is the uninterrupted one token for token; with new weights the tokens
+before the boundary are the old weights' and none is recomputed (what follows attends to the old
+keys and values, so no fresh request is its reference); and a request after such an update reuses
+no cache block the old weights computed.
 """
 
 from __future__ import annotations
@@ -85,11 +91,13 @@ def serving_after(tiny_server: ServerProcess) -> Iterator[None]:
     assert httpx.post(f"{tiny_server.url}/admin/resume", headers=AUTH, timeout=60).status_code == 200
 
 
-async def update(client: httpx.AsyncClient, weights: WeightSwapper, version: str) -> dict[str, Any]:
-    """``POST /admin/update_weights`` with ``continue``, loading the weights not served now."""
-    folder = weights.next_dir()
+async def update(client: httpx.AsyncClient, weights: WeightSwapper, version: str, in_flight: str = "continue",
+                 *, same_weights: bool = False) -> dict[str, Any]:
+    """``POST /admin/update_weights`` with ``in_flight``, loading the weights not served now (``same_weights``: the
+    ones served now, under the new version)."""
+    folder = weights.loaded if same_weights else weights.next_dir()
     reply = await client.post("/admin/update_weights",
-                              json={"path": str(folder), "version": version, "in_flight": "continue"})
+                              json={"path": str(folder), "version": version, "in_flight": in_flight})
     assert reply.status_code == 200, reply.text
     weights.loaded = folder
     result: dict[str, Any] = reply.json()
@@ -341,11 +349,13 @@ def test_a_request_that_arrives_while_a_continue_update_holds_the_engine_runs_on
     assert reply.choices[0].token_ids == again.choices[0].token_ids
 
 
+@pytest.mark.parametrize("in_flight", ["continue", "continue-keep-kv"])
 def test_a_stream_whose_client_hangs_up_while_frozen_for_an_update_is_aborted_once_and_not_continued(
-        tiny_server: ServerProcess, weights: WeightSwapper) -> None:
+        tiny_server: ServerProcess, weights: WeightSwapper, in_flight: str) -> None:
     wait_until_idle(tiny_server)
-    new = weights.new_version("hang-up")
-    body = completion(prompt(11), 480, rollout_id="continue-hung-up", seed=7, **TOP1)
+    new = weights.new_version(f"hang-up-{in_flight}")
+    rollout = f"{in_flight}-hung-up"
+    body = completion(prompt(11), 480, rollout_id=rollout, seed=7, **TOP1)
     before = {name: metric(tiny_server, name) for name in (ABORTED, CONTINUED)}
 
     async def scenario() -> tuple[dict[str, Any], float, dict[str, Any]]:
@@ -361,10 +371,10 @@ def test_a_stream_whose_client_hangs_up_while_frozen_for_an_update_is_aborted_on
             await step_until(client, streaming)
             hang_up.set()
             await reading  # the connection is closed
-            await until(lambda: _none_in_flight(client, "continue-hung-up"), "the hung-up stream to end")
+            await until(lambda: _none_in_flight(client, rollout), "the hung-up stream to end")
             generated = metric(tiny_server, GENERATED)
-            updated = await update(client, weights, new)
-            summary = (await client.get("/v1/rollouts/continue-hung-up")).json()
+            updated = await update(client, weights, new, in_flight)
+            summary = (await client.get(f"/v1/rollouts/{rollout}")).json()
             return updated, generated, summary
 
     updated, generated, summary = asyncio.run(scenario())
@@ -410,6 +420,128 @@ def test_a_stream_whose_client_hangs_up_as_a_continue_update_runs_is_aborted_onc
     wait_until_idle(tiny_server)
     assert summary["finish_reasons"] == {"abort": 1} and summary["output_tokens"] < 480
     assert metric(tiny_server, ABORTED) - aborted_before == 1
+
+
+# --- "continue-keep-kv": the requests in flight keep their KV cache ---
+
+KEEP = "continue-keep-kv"
+
+
+def reply_spans_cover(choice: Choice, old: str, new: str) -> int:
+    """The boundary ``k`` of a choice continued across one update: the full length, in two spans that cover it."""
+    assert choice.finish_reason == "length" and len(choice.token_ids) == LENGTH, choice
+    assert choice.spans is not None and len(choice.spans) == 2, choice.spans
+    k = int(choice.spans[0]["end"])
+    assert 0 < k < LENGTH and choice.spans == [span(0, k, old), span(k, LENGTH, new)]
+    assert choice.weight_version == old  # the label: its first token's version
+    return k
+
+
+@dataclass
+class KeepRun:
+    """A probe run across a ``continue-keep-kv`` update: the versions, the reference, the reply, the counters."""
+
+    n: int
+    old: str
+    new: str
+    reference: Reply
+    reply: Reply
+    updated: dict[str, Any]
+    counted: dict[str, float]  # CONTINUED and RECOMPUTED before the update
+
+
+def across_a_keep_kv_update(server: ServerProcess, weights: WeightSwapper, kind: str, *,
+                            same_weights: bool = False) -> KeepRun:
+    """Probe ``kind`` alone on the weights served (the reference), then again with a ``continue-keep-kv`` update
+    to a new version (of the same weights, or the other ones) landing a few tokens in."""
+    wait_until_idle(server)
+    body = PROBES[kind]
+    old = admin_status(server)["weight_version"]
+    new = weights.new_version(f"{'same' if same_weights else 'keep'}-{kind.replace(' ', '-')}")
+    counted = {name: metric(server, name) for name in (CONTINUED, RECOMPUTED)}
+
+    async def scenario() -> tuple[Reply, Reply, dict[str, Any]]:
+        async with client_for(server) as client:
+            reference = parse_body(await post(client, {**body, "stream": False}))
+            running = await frozen_mid_generation(client, body)
+            updated = await update(client, weights, new, KEEP, same_weights=same_weights)
+            return reference, await running, updated
+
+    reference, reply, updated = asyncio.run(scenario())
+    assert sorted(reply.choices) == list(range(int(body.get("n", 1))))
+    return KeepRun(int(body.get("n", 1)), old, new, reference, reply, updated, counted)
+
+
+@pytest.mark.parametrize("kind", ["completion", "chat stream", "completion n=2 stream"])
+def test_keep_kv_with_the_same_weights_gives_the_uninterrupted_output_and_recomputes_nothing(
+        tiny_server: ServerProcess, weights: WeightSwapper, kind: str) -> None:
+    # The same weights under a new version: keys and values kept are the ones the new weights would compute, so
+    # the reply is the uninterrupted reply token for token (and logprob for logprob), in two labelled spans.
+    run = across_a_keep_kv_update(tiny_server, weights, kind, same_weights=True)
+    for index, choice in run.reply.choices.items():
+        reply_spans_cover(choice, run.old, run.new)
+        assert choice.token_ids == run.reference.choices[index].token_ids, f"choice {index} changed"
+        if PROBES[kind].get("logprobs"):
+            assert close(choice.logprobs, run.reference.choices[index].logprobs)
+    assert run.updated["in_flight"] == KEEP
+    assert (run.updated["continued_requests"], run.updated["recomputed_tokens"]) == (run.n, 0)
+    last = admin_status(tiny_server)["last_weight_update"]  # the status shows the last update's cost
+    assert last.pop("at") > 0 and last == run.updated
+    assert metric(tiny_server, CONTINUED) - run.counted[CONTINUED] == run.n
+    assert metric(tiny_server, RECOMPUTED) == run.counted[RECOMPUTED]
+    wait_until_idle(tiny_server)
+
+
+@pytest.mark.parametrize("kind", ["completion n=3", "completion stream"])
+def test_keep_kv_with_new_weights_keeps_the_old_tokens_and_goes_on_without_recomputing(
+        tiny_server: ServerProcess, weights: WeightSwapper, kind: str) -> None:
+    # What follows the boundary attends to keys and values the old weights wrote, so no fresh request is its
+    # reference; before the boundary the tokens are the old weights' greedy output, and nothing is lost or repeated.
+    run = across_a_keep_kv_update(tiny_server, weights, kind)
+    for index, choice in run.reply.choices.items():
+        k = reply_spans_cover(choice, run.old, run.new)
+        before = run.reference.choices[index]
+        assert choice.token_ids[:k] == before.token_ids[:k], f"choice {index}: not the old weights' tokens"
+        if PROBES[kind].get("logprobs"):
+            assert close(choice.logprobs[:k], before.logprobs[:k])
+    assert (run.updated["continued_requests"], run.updated["recomputed_tokens"]) == (run.n, 0)
+    assert metric(tiny_server, RECOMPUTED) == run.counted[RECOMPUTED]
+    wait_until_idle(tiny_server)
+
+
+def test_a_request_after_a_keep_kv_update_reuses_no_keys_or_values_of_the_old_weights(
+        tiny_server: ServerProcess, weights: WeightSwapper) -> None:
+    # A probe runs across a keep-KV update to its end; its blocks (prompt and tokens computed under the old
+    # weights, and tokens after them attending to those) stay in the prefix cache.  A later request whose prompt
+    # is the probe's prompt and output (several full blocks) must compute it all under the new weights: it gives
+    # what the same request gives on an emptied cache.
+    wait_until_idle(tiny_server)
+    body = completion(prompt(13), LENGTH, seed=10, **TOP1)
+    new = weights.new_version("keep-reuse")
+
+    async def scenario() -> tuple[dict[str, Any], Reply, Reply]:
+        async with client_for(tiny_server) as client:
+            generating = asyncio.Event()
+            await freeze(client)
+            reading = asyncio.create_task(stream(client, body, generating))
+            await until(lambda: in_flight_at_least(client, 1), "the probe to arrive")
+
+            async def streaming() -> bool:
+                return generating.is_set()
+
+            await step_until(client, streaming)
+            updated = await update(client, weights, new, KEEP)  # resumes: the probe runs on under the new weights
+            probe = parse_chunks(await reading)
+            later = completion(probe.prompt_token_ids + probe.choices[0].token_ids[:300], 24, seed=11, **TOP1)
+            after = parse_body(await post(client, later))
+            assert (await client.post("/admin/reset_prefix_cache")).json() == {"reset": True}
+            return updated, after, parse_body(await post(client, later))
+
+    updated, after, fresh = asyncio.run(scenario())
+    assert updated["continued_requests"] == 1 and updated["recomputed_tokens"] == 0
+    assert after.choices[0].token_ids == fresh.choices[0].token_ids
+    assert after.choices[0].spans == [span(0, 24, new)]
+    wait_until_idle(tiny_server)
 
 
 async def _none_in_flight(client: httpx.AsyncClient, rollout: str) -> bool:

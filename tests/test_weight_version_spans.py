@@ -128,12 +128,13 @@ def test_sequence_key_takes_only_the_children_it_names() -> None:
     assert sequence_key("3_cmpl-b-0", 0, {"cmpl-a-0"}) is None
 
 
-def test_continued_sequences_and_their_recomputed_tokens_are_counted() -> None:
+@pytest.mark.parametrize(("recomputed", "tokens"), [(True, 14 + 10), (False, 0)], ids=["continue", "continue-keep-kv"])
+def test_continued_sequences_and_their_recomputed_tokens_are_counted(recomputed: bool, tokens: int) -> None:
     before = (m.CONTINUED_SEQUENCES._value.get(), m.RECOMPUTED_TOKENS._value.get())
     count_continued({("a", 0): SequenceProgress(10, 4), ("a", 1): SequenceProgress(10, 0),
-                     ("b", 0): SequenceProgress(7, 3)})
+                     ("b", 0): SequenceProgress(7, 3)}, recomputed=recomputed)
     after = (m.CONTINUED_SEQUENCES._value.get(), m.RECOMPUTED_TOKENS._value.get())
-    assert (after[0] - before[0], after[1] - before[1]) == (2, 14 + 10)
+    assert (after[0] - before[0], after[1] - before[1]) == (2, tokens)
 
 
 @pytest.mark.parametrize("pending", [0, 3])

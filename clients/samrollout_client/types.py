@@ -15,11 +15,16 @@ def is_prompt(value: object) -> bool:
     return isinstance(value, str) or (isinstance(value, list) and bool(value)
                                       and all(isinstance(t, int) for t in value))
 
-InFlight = Literal["wait", "abort", "continue"]
+InFlight = Literal["wait", "abort", "continue", "continue-keep-kv"]
 """What a weight update does to requests in flight: finish them on the old weights first (``wait``), end them
 (``abort``: they return what they have, ``finish_reason: "abort"``), or let them go on under the new weights in
-the same response (``continue``: their tokens then span two versions, see `Sample.weight_version_spans`)."""
+the same response, their tokens then spanning two versions (see `Sample.weight_version_spans`): with their keys
+and values computed again under the new weights (``continue``: exact per-version policies, a prefill of every
+token in flight) or kept as the old weights computed them (``continue-keep-kv``: no recompute; each token is still
+sampled, and its logprob reported, by the forward pass that ran)."""
 IN_FLIGHT_MODES: tuple[InFlight, ...] = get_args(InFlight)
+CONTINUING: tuple[InFlight, ...] = ("continue", "continue-keep-kv")
+"""The update modes in which requests in flight go on under the new weights within their response."""
 
 PauseMode = Literal["keep", "wait", "abort"]
 """How ``/admin/pause`` holds generation: freeze running requests at a step boundary (``keep``), let them finish

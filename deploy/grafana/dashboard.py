@@ -101,9 +101,14 @@ HISTORY_HITS = "samrollout_drafter_history_hit_groups_total"
 ACTIVE_SHARE = "avg by (instance) (avg_over_time(samrollout_speculation_active[$__rate_interval]))"
 TOKENS_BY_INSTANCE = f"sum by (instance) ({_rate(GENERATED)})"
 
+PAUSE = "samrollout_weight_update_pause_seconds"
+CONTINUED = "samrollout_continued_requests_total"
+RECOMPUTED = "samrollout_recomputed_tokens_total"
+
 SPECULATION = "Speculation"
 SERVING = "Serving"
 ROLLOUTS = "Rollouts"
+UPDATES = "Weight updates"
 
 PANELS: list[Panel] = [
     # --- at a glance ---
@@ -251,6 +256,28 @@ PANELS: list[Panel] = [
     ), ROLLOUTS, width=12,
         description="(predicted - actual) / actual output length of the sequences length-aware scheduling "
                     "admitted by prediction (not the probes); empty under fcfs."),
+    # --- weight updates: what each costs (RL steps are minutes apart, hence the rollout window) ---
+    Panel("Update pause by mode", "s", (
+        Query(f"sum by (in_flight) ({_rate(PAUSE + '_sum', ROLLOUT_WINDOW)})"
+              f" / sum by (in_flight) ({_rate(PAUSE + '_count', ROLLOUT_WINDOW)})", "{{in_flight}} (mean)"),
+    ), UPDATES, width=6, min=0,
+        description=f"Seconds generation was held per weight update, by what the update did to requests in flight "
+                    f"(wait includes draining them), over the last {ROLLOUT_WINDOW}."),
+    Panel("Update share of wall time", "percentunit", (
+        Query(f"sum by (instance) ({_rate(PAUSE + '_sum', ROLLOUT_WINDOW)})", "{{instance}}"),
+    ), UPDATES, width=6, min=0, max=1,
+        description=f"Share of the last {ROLLOUT_WINDOW} each server held generation for weight updates "
+                    "(the recording rule samrollout:weight_update_share:rate10m)."),
+    Panel("Sequences continued across updates", "none", (
+        Query(f"sum(increase({CONTINUED}[{ROLLOUT_WINDOW}]))", f"continued ({ROLLOUT_WINDOW})"),
+    ), UPDATES, width=6, min=0,
+        description=f"Sequences with tokens that continue or continue-keep-kv updates carried onto new weights, "
+                    f"over the last {ROLLOUT_WINDOW}."),
+    Panel("Tokens recomputed by updates", "none", (
+        Query(f"sum(increase({RECOMPUTED}[{ROLLOUT_WINDOW}]))", f"recomputed ({ROLLOUT_WINDOW})"),
+    ), UPDATES, width=6, min=0,
+        description=f"Prompt and generated tokens that continue updates prefilled again (their KV computed under "
+                    f"the new weights), over the last {ROLLOUT_WINDOW}; continue-keep-kv recomputes none."),
 ]
 
 

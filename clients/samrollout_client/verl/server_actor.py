@@ -11,8 +11,8 @@ around weight updates.  Each maps to samrollout's HTTP API:
 - ``abort_all_requests`` -> ``POST /admin/pause {"mode": "abort"}`` (running responses
   come back with stop reason ``aborted``; later calls wait here, or come back aborted at
   once with ``reject_request``) and ``POST /admin/reset_prefix_cache``;
-  With ``in_flight: "continue"``, ``abort_all_requests`` without ``reject_request`` does nothing
-  (running responses carry on across a weight update);
+  With ``in_flight: "continue"`` or ``"continue-keep-kv"``, ``abort_all_requests`` without
+  ``reject_request`` does nothing (running responses carry on across a weight update);
 - ``resume_generation`` -> ``POST /admin/resume``; ``clear_kv_cache`` -> ``POST /admin/reset_prefix_cache``;
 - ``abort_request`` -> the HTTP request is dropped, which aborts it in the engine;
 - ``update_weights`` / ``execute_checkpoint_engine`` (veRL's checkpoint-engine sync treats this
@@ -31,6 +31,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from samrollout_client.errors import error_message
+from samrollout_client.types import CONTINUING
 from samrollout_client.verl.sampling import LengthBudget, completion_body, global_steps, reply_fields
 from samrollout_client.verl.settings import VerlBackendSettings
 
@@ -113,11 +114,11 @@ class SamrolloutServer:
     async def abort_all_requests(self, reset_prefix_cache: bool = True, reject_request: bool = False) -> dict[str, Any]:
         """Abort every running response (they return ``aborted``) and hold new ones until `resume_generation`.
 
-        With ``in_flight: "continue"`` and no ``reject_request`` (veRL's checkpoint-engine weight sync,
-        `samrollout_client.verl.checkpoint_engine`), nothing: running responses carry on across the
-        update, which the server commits at a token boundary itself.
+        With ``in_flight: "continue"`` or ``"continue-keep-kv"`` and no ``reject_request`` (veRL's
+        checkpoint-engine weight sync, `samrollout_client.verl.checkpoint_engine`), nothing: running
+        responses carry on across the update, which the server commits at a token boundary itself.
         """
-        if self.settings.in_flight == "continue" and not reject_request:
+        if self.settings.in_flight in CONTINUING and not reject_request:
             return {"aborted_count": 0, "request_ids": []}
         self._gate.clear()
         self._rejecting = reject_request
@@ -128,8 +129,8 @@ class SamrolloutServer:
         return {"aborted_count": len(request_ids), "request_ids": request_ids}
 
     async def resume_generation(self) -> None:
-        """Let generation run again after `abort_all_requests` (with ``in_flight: "continue"``: if it paused)."""
-        if self.settings.in_flight == "continue" and self._gate.is_set():
+        """Let generation run again after `abort_all_requests` (with a continuing ``in_flight``: if it paused)."""
+        if self.settings.in_flight in CONTINUING and self._gate.is_set():
             return
         await self._call("POST", "/admin/resume")
         self._rejecting = False

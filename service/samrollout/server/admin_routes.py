@@ -1,11 +1,13 @@
 """RL admin routes under /admin (API key required when one is configured).
 
-- ``POST /admin/update_weights`` {path, version, in_flight: "wait"|"abort"|"continue"}: new policy weights.
+- ``POST /admin/update_weights`` {path, version, in_flight: "wait"|"abort"|"continue"|"continue-keep-kv"}: new
+  policy weights.
 - ``POST /admin/pause`` {mode: "keep"|"wait"|"abort"} and ``POST /admin/resume``: hold generation;
   ``POST /admin/step`` {steps}: a held engine runs that many steps and is held again (`engine_steps`).
 - ``POST /admin/sleep`` {level} and ``POST /admin/wake``: free and restore accelerator memory.
 - ``POST /admin/abort_rollout`` {rollout_id}: abort every in-flight request of one rollout.
-- ``POST /admin/reset_prefix_cache``; ``GET /admin/status``: version, paused, sleeping, in flight, drafter.
+- ``POST /admin/reset_prefix_cache``; ``GET /admin/status``: version, paused, sleeping, in flight, drafter,
+  the last weight update's cost.
 - ``/admin/weight_uploads``: new weights pushed over HTTP (no shared disk): ``POST`` opens an upload,
   ``PUT .../{id}/files/{name}`` streams one ``*.safetensors`` file (``X-Content-SHA256`` header),
   ``POST .../{id}/commit`` {version, in_flight} checks and loads them as update_weights does,
@@ -38,7 +40,9 @@ class _Body(BaseModel):
 
 
 _IN_FLIGHT = ("requests in flight: finish them on the old weights first (wait), abort them (abort), or stop them "
-              "at a token boundary and let them go on under the new weights in the same response (continue)")
+              "at a token boundary and let them go on under the new weights in the same response, their KV cache "
+              "computed again under the new weights (continue) or kept as the old weights computed it "
+              "(continue-keep-kv: nothing recomputed)")
 
 
 class UpdateWeights(_Body):
@@ -244,7 +248,9 @@ async def status(request: Request, drafter: bool = True) -> dict[str, Any]:
     ``is_sleeping()`` is also true while generation is merely paused.  The drafter's counters
     come from the engine's worker process, a round trip that can take seconds while the engine is busy:
     ``?drafter=false`` leaves them out (``"drafter": null``), for polling the queue.  They are
-    `ProposerStats.to_json` (``{}`` with speculation off).
+    `ProposerStats.to_json` (``{}`` with speculation off).  ``last_weight_update`` is what the last weight
+    update did and cost (`runtime.update_cost`: versions, mode, seconds generation was held, sequences
+    continued and tokens recomputed; null before the first).
     """
     runtime = _runtime(request)
     stats = await runtime.drafter_stats() if drafter else None
@@ -252,5 +258,5 @@ async def status(request: Request, drafter: bool = True) -> dict[str, Any]:
             "paused": runtime.paused, "sleeping": runtime.sleep_level is not None,
             "sleep_level": runtime.sleep_level, "in_flight_requests": len(runtime.inflight),
             "scheduling": runtime.scheduling_status(), "weight_uploads": runtime.weight_uploads.status(),
-            "queue": runtime.queue.status(),
+            "queue": runtime.queue.status(), "last_weight_update": runtime.last_update,
             "drafter": None if not drafter else {} if stats is None else stats.to_json()}

@@ -19,6 +19,9 @@ token's logprobs are those of the weights that sampled it.  vLLM 0.32 and 0.33 s
 outputs with the engine's weight version, so each finished sequence carries its exact version
 spans (``CompletionOutput.weight_versions``); the server passes them on (`weight_labels`).
 
+``in_flight: "continue-keep-kv"`` skips the preemption: the frozen requests keep their KV blocks
+through the load and go on from them (`weight_epoch` keeps later requests off those blocks).
+
 This module reads, from vLLM's output processor in this process, how far each sequence of the
 HTTP requests in flight had got when the update stopped it: for the metrics (continued
 sequences, tokens prefilled again) and, where the engine reports no versions (vLLM 0.23), for
@@ -115,9 +118,11 @@ def continued(progress: dict[SequenceKey, SequenceProgress]) -> dict[SequenceKey
     return {key: p for key, p in progress.items() if p.output_tokens > 0}
 
 
-def count_continued(progress: dict[SequenceKey, SequenceProgress]) -> None:
-    """Metrics: sequences continued across the update, and their tokens the engine prefills again."""
+def count_continued(progress: dict[SequenceKey, SequenceProgress], *, recomputed: bool) -> None:
+    """Metrics: sequences continued across the update, and (``recomputed``: their KV was dropped) their tokens the
+    engine prefills again."""
     sequences = continued(progress)
     if sequences:
         m.CONTINUED_SEQUENCES.inc(len(sequences))
-        m.RECOMPUTED_TOKENS.inc(sum(p.prompt_tokens + p.output_tokens for p in sequences.values()))
+        if recomputed:
+            m.RECOMPUTED_TOKENS.inc(sum(p.prompt_tokens + p.output_tokens for p in sequences.values()))

@@ -41,13 +41,35 @@ from samrollout.server.queue_limit import QueueLimit
 from samrollout.server.scheduled_engine import ScheduledEngineClient, output_tokens_so_far
 from samrollout.server.settings import ServerSettings
 from samrollout.server.vllm_argv import vllm_argv
+from samrollout.server.weight_epoch import EpochSaltedEngine, WeightEpoch
 from samrollout.server.weight_labels import WeightLabels, labelling_client
 from samrollout.server.weight_uploads import WeightUploads, default_max_bytes, default_staging_root
 from samrollout.server.weights_check import Layout, WeightsError, check_weights_dir, checkpoint_layout
 from samrollout.spec_decode.stats import ProposerStats
-from samrollout_client.types import InFlight, PauseMode
+from samrollout_client.types import CONTINUING, InFlight, PauseMode
 
 logger = logging.getLogger("samrollout.server")
+
+PAUSE_FOR_UPDATE: dict[InFlight, PauseMode] = {
+    "wait": "wait", "abort": "abort",
+    "continue": "keep",          # vLLM's "keep" pause freezes the running requests; they are then preempted
+    "continue-keep-kv": "keep",  # frozen with their KV blocks, which they keep
+}
+"""How generation is paused for a weight update, by what the update does to requests in flight."""
+
+
+def update_cost(version: str, previous: str, in_flight: InFlight, paused_s: float,
+                stopped: dict[tuple[str, int], SequenceProgress]) -> dict[str, Any]:
+    """What a weight update did and cost: versions, mode, how long generation was held, and for the modes that
+    continue requests, how many sequences went on and how many tokens the engine prefills again."""
+    cost: dict[str, Any] = {"weight_version": version, "previous_version": previous, "in_flight": in_flight,
+                            "paused_s": round(paused_s, 4)}
+    if in_flight in CONTINUING:
+        carried = continued(stopped)
+        cost["continued_requests"] = len(carried)
+        cost["recomputed_tokens"] = (sum(p.prompt_tokens + p.output_tokens for p in carried.values())
+                                     if in_flight == "continue" else 0)
+    return cost
 
 
 def resolve_model(settings: ServerSettings) -> str:
@@ -109,6 +131,8 @@ class ServerRuntime:
     sleep_level: int | None = None           # set by /admin/sleep, cleared by /admin/wake (pausing is not sleep)
     paused: bool = False                     # the engine's scheduler paused (pause/resume, sleep/wake): for status
     labels: WeightLabels | None = None       # which weight version produced each sequence (weight_labels)
+    epoch: WeightEpoch = field(default_factory=WeightEpoch)  # prefix-cache salt by weight load (weight_epoch)
+    last_update: dict[str, Any] | None = None  # the last weight update's `update_cost`, with its Unix time ("at")
 
     def __post_init__(self) -> None:
         """Label sequences the engine gives no version with this runtime's version (`weight_labels`)."""
@@ -174,48 +198,69 @@ class ServerRuntime:
         the request field it came from), and the engine never sees it.  Then generation is
         paused: in-flight requests either finish on the old weights ("wait"), are aborted
         ("abort"), or stop at a token boundary and go on under the new weights once they are
-        loaded, within the same response ("continue", `continuation`); requests arriving
-        meanwhile queue and run on the new weights.  The prefix cache and the drafters'
-        automata are dropped, since both were built by the old policy, and the KV cache is
-        zeroed: a NaN that bad weights left in a cache block would otherwise poison every later
-        request placed there, whatever weights follow.  ``source`` says where the weights came
-        from, for the log.
+        loaded, within the same response, their keys and values computed again ("continue",
+        `continuation`) or kept ("continue-keep-kv"); requests arriving meanwhile queue and run
+        on the new weights.  The drafters' automata are dropped, since the old policy built them.
+        Every mode but "continue-keep-kv" also drops the prefix cache and zeroes the KV cache: a
+        NaN that bad weights left in a cache block would otherwise poison every later request
+        placed there, whatever weights follow; "continue-keep-kv" keeps both, and the new weight
+        epoch keeps later requests off the old blocks (`weight_epoch`).  ``source`` says where the
+        weights came from, for the log.  The result (also `last_update`) says what the update cost.
         """
-        from samrollout.server.vllm_serving import set_engine_weight_version
-
         folder = await self._checked_weights(path, param)
         async with self.update_lock:
             old = self.weight_version
             held = time.monotonic()
-            # "continue": vLLM's "keep" pause freezes the running requests (the cache reset preempts them)
-            await self.pause("keep" if in_flight == "continue" else in_flight, clear_cache=True)
+            await self.pause(PAUSE_FOR_UPDATE[in_flight], clear_cache=in_flight != "continue-keep-kv")
+            self.epoch.advance()  # what reaches the engine from now on is computed under the new weights
             stopped: dict[tuple[str, int], SequenceProgress] = {}
             try:
-                if in_flight == "continue":
-                    stopped = await self._preempt_in_flight()
-                await self.engine.collective_rpc("samrollout_reload_weights", kwargs={
-                    "weights_path": str(folder), "clear_kv_cache": self.sleep_level is None})
-                await self.engine.reset_prefix_cache()
-                await self.engine.collective_rpc("samrollout_reset_drafter")
-                self.weight_version = version
-                set_weight_version(version, old)
-                await set_engine_weight_version(self.engine, version)
+                stopped = await self._stop_in_flight(in_flight)
+                await self._swap_weights(folder, version, keep_kv=in_flight == "continue-keep-kv")
                 if self.labels is not None:  # spans where the engine keeps no version (weight_labels)
                     self.labels.continued({key: p.output_tokens for key, p in stopped.items()}, old, version)
-                count_continued(stopped)
+                count_continued(stopped, recomputed=in_flight == "continue")
             finally:
                 await self.resume()
                 paused = time.monotonic() - held
                 m.WEIGHT_UPDATE_PAUSE.labels(in_flight=in_flight).observe(paused)
-        result: dict[str, Any] = {"weight_version": version, "previous_version": old, "in_flight": in_flight,
-                                  "paused_s": round(paused, 4)}
-        carried = continued(stopped)
-        if in_flight == "continue":
-            result["continued_requests"] = len(carried)
-            result["recomputed_tokens"] = sum(p.prompt_tokens + p.output_tokens for p in carried.values())
+        cost = update_cost(version, old, in_flight, paused, stopped)
+        self.last_update = {**cost, "at": round(time.time(), 3)}
         logger.info("weights %s -> %s loaded from %s (in-flight: %s; generation held %.3f s%s)", old, version, source,
-                    in_flight, paused, f", {len(carried)} sequences continued" if in_flight == "continue" else "")
-        return result
+                    in_flight, paused, f", {cost['continued_requests']} sequences continued"
+                    if in_flight in CONTINUING else "")
+        return cost
+
+    async def _stop_in_flight(self, in_flight: InFlight) -> dict[tuple[str, int], SequenceProgress]:
+        """Once paused for an update: how far each sequence in flight had got, for the modes that continue them.
+
+        "continue" preempts them (`_preempt_in_flight`); "continue-keep-kv" leaves them holding their
+        KV blocks, frozen at a step boundary by the pause; "wait" and "abort" left none running.
+        """
+        if in_flight == "continue":
+            return await self._preempt_in_flight()
+        if in_flight == "continue-keep-kv":
+            await drain_outputs(self.engine)
+            return sequences_in_flight(self.engine, self.inflight.engine_ids())
+        return {}
+
+    async def _swap_weights(self, folder: Path, version: str, *, keep_kv: bool) -> None:
+        """Load the checked weights in ``folder`` into the paused engine and serve them as ``version``.
+
+        Unless ``keep_kv``, the KV cache is zeroed (not while the engine sleeps: its memory is
+        released then) and the prefix cache dropped.  The drafters start again either way.
+        """
+        from samrollout.server.vllm_serving import set_engine_weight_version
+
+        await self.engine.collective_rpc("samrollout_reload_weights", kwargs={
+            "weights_path": str(folder), "clear_kv_cache": not keep_kv and self.sleep_level is None})
+        if not keep_kv:
+            await self.engine.reset_prefix_cache()
+        await self.engine.collective_rpc("samrollout_reset_drafter")
+        old = self.weight_version
+        self.weight_version = version
+        set_weight_version(version, old)
+        await set_engine_weight_version(self.engine, version)
 
     async def _checked_weights(self, path: str, param: str | None) -> Path:
         """The directory ``path`` once its files passed `check_weights_dir` (file IO off the event loop, in its own
@@ -286,7 +331,7 @@ def build_engine(settings: ServerSettings, model_path: str) -> tuple[Any, argpar
 
 
 def generation_client(settings: ServerSettings, engine: Any) -> Any:
-    """The engine client vLLM's serving objects call: the engine itself (fcfs) or length-aware admission."""
+    """The engine client vLLM's serving objects call: ``engine`` itself (fcfs) or length-aware admission to it."""
     set_scheduling_policy(settings.rollout_scheduling)
     if settings.rollout_scheduling == "fcfs":
         return engine
@@ -312,7 +357,8 @@ async def start_runtime(settings: ServerSettings, state: State) -> ServerRuntime
         uploads.close()
         raise
     vllm_config = engine.vllm_config
-    generation = generation_client(settings, engine)
+    epoch = WeightEpoch()
+    generation = generation_client(settings, EpochSaltedEngine(engine, epoch))
     labels = WeightLabels(engine, lambda: settings.weight_version)  # then the runtime's (its __post_init__)
     try:
         supported = await engine.get_supported_tasks()
@@ -331,7 +377,7 @@ async def start_runtime(settings: ServerSettings, state: State) -> ServerRuntime
                          weight_version=settings.weight_version,
                          expected_weights=layout,
                          rollouts=RolloutTracker(settings.threshold, settings.rollout_idle_seconds),
-                         weight_uploads=uploads, labels=labels,
+                         weight_uploads=uploads, labels=labels, epoch=epoch,
                          queue=QueueLimit(int(vllm_config.scheduler_config.max_num_seqs),
                                           settings.max_queued_requests))
 
