@@ -118,11 +118,17 @@ def continued(progress: dict[SequenceKey, SequenceProgress]) -> dict[SequenceKey
     return {key: p for key, p in progress.items() if p.output_tokens > 0}
 
 
+def recomputed_tokens(progress: dict[SequenceKey, SequenceProgress]) -> int:
+    """The prompt and generated tokens of the continued sequences: what the engine prefills again when their KV
+    cache was dropped (at most: siblings' shared prompts may hit the prefix cache)."""
+    return sum(p.prompt_tokens + p.output_tokens for p in continued(progress).values())
+
+
 def count_continued(progress: dict[SequenceKey, SequenceProgress], *, recomputed: bool) -> None:
     """Metrics: sequences continued across the update, and (``recomputed``: their KV was dropped) their tokens the
-    engine prefills again."""
+    engine prefills again (`recomputed_tokens`)."""
     sequences = continued(progress)
     if sequences:
         m.CONTINUED_SEQUENCES.inc(len(sequences))
         if recomputed:
-            m.RECOMPUTED_TOKENS.inc(sum(p.prompt_tokens + p.output_tokens for p in sequences.values()))
+            m.RECOMPUTED_TOKENS.inc(recomputed_tokens(progress))

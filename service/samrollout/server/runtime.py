@@ -32,6 +32,7 @@ from samrollout.server.continuation import (
     continued,
     count_continued,
     drain_outputs,
+    recomputed_tokens,
     sequences_in_flight,
 )
 from samrollout.server.errors import ApiError
@@ -67,8 +68,7 @@ def update_cost(version: str, previous: str, in_flight: InFlight, paused_s: floa
     if in_flight in CONTINUING:
         carried = continued(stopped)
         cost["continued_requests"] = len(carried)
-        cost["recomputed_tokens"] = (sum(p.prompt_tokens + p.output_tokens for p in carried.values())
-                                     if in_flight == "continue" else 0)
+        cost["recomputed_tokens"] = recomputed_tokens(stopped) if in_flight == "continue" else 0
     return cost
 
 
@@ -232,17 +232,24 @@ class ServerRuntime:
         return cost
 
     async def _stop_in_flight(self, in_flight: InFlight) -> dict[tuple[str, int], SequenceProgress]:
-        """Once paused for an update: how far each sequence in flight had got, for the modes that continue them.
+        """Once paused for an update: how far each sequence of the HTTP requests in flight had got
+        (`continuation.sequences_in_flight`), for the modes that continue them ("wait" and "abort" left none).
 
-        "continue" preempts them (`_preempt_in_flight`); "continue-keep-kv" leaves them holding their
-        KV blocks, frozen at a step boundary by the pause; "wait" and "abort" left none running.
+        "continue-keep-kv" leaves them holding their KV blocks, frozen at a step boundary by the
+        pause.  "continue" preempts every running request first: its KV blocks are freed, before the
+        reload zeroes the cache, and it goes back to the head of the engine's queue with its prompt
+        and generated tokens, recomputed under the new weights on resume (`continuation`).  vLLM
+        0.23-0.33 already preempt them when the pause clears the cache; this says it rather than
+        assuming it, and also covers requests that an earlier ``/admin/pause`` (which keeps the
+        cache) froze.  Sequences still waiting for admission (length-aware scheduling) stay queued
+        and simply start on the new weights.
         """
+        if in_flight not in CONTINUING:
+            return {}
         if in_flight == "continue":
-            return await self._preempt_in_flight()
-        if in_flight == "continue-keep-kv":
-            await drain_outputs(self.engine)
-            return sequences_in_flight(self.engine, self.inflight.engine_ids())
-        return {}
+            await self.engine.reset_prefix_cache(reset_running_requests=True)
+        await drain_outputs(self.engine)
+        return sequences_in_flight(self.engine, self.inflight.engine_ids())
 
     async def _swap_weights(self, folder: Path, version: str, *, keep_kv: bool) -> None:
         """Load the checked weights in ``folder`` into the paused engine and serve them as ``version``.
@@ -275,22 +282,6 @@ class ServerRuntime:
         except TimeoutError:
             raise ApiError(400, f"weights not loaded: reading the files took over {limit:g} s "
                            "(--weight-check-timeout); the served weights are kept", param) from None
-
-    async def _preempt_in_flight(self) -> dict[tuple[str, int], SequenceProgress]:
-        """After the "keep" pause of a ``"continue"`` update: every running request preempted; how far each got.
-
-        Preempting frees the requests' KV blocks, before the reload zeroes the cache, and puts
-        them back at the head of the engine's queue with their prompt and generated tokens,
-        recomputed under the new weights on resume (`continuation`).  vLLM 0.23-0.33 already
-        preempt them when the pause clears the cache; this says it rather than assuming it, and
-        also covers requests that an earlier ``/admin/pause`` (which keeps the cache) froze.
-        Sequences still waiting for admission (length-aware scheduling) stay queued and simply
-        start on the new weights.  Returns how far each sequence of the HTTP requests in flight
-        had got (`continuation.sequences_in_flight`).
-        """
-        await self.engine.reset_prefix_cache(reset_running_requests=True)
-        await drain_outputs(self.engine)
-        return sequences_in_flight(self.engine, self.inflight.engine_ids())
 
     async def drafter_stats(self) -> ProposerStats | None:
         """The proposer's stats (`SamProposer.stats`) of the first worker; None with speculation off.
