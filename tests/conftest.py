@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from samrollout.models import build_tiny_model, cache_root, ensure_smollm2
+from samrollout.testing import free_port
 
 HERE = Path(__file__).parent
 # Engine settings every engine test uses: vLLM on this CPU wants <= 0.3 of memory; float32
@@ -121,12 +122,24 @@ TINY_MAX_PROMPT_TOKENS = 480  # the tiny server's --max-prompt-tokens
 TINY_CHUNK_TOKENS = 128       # the tiny server's prefill chunk (vLLM's --max-num-batched-tokens)
 
 
+# The ports of the servers that name each other as weight peers, chosen before either starts; and one where nothing
+# listens (a peer that never answers).
+PEER_PORTS = {"tiny_server": free_port(), "second_tiny_server": free_port(), "silent_peer": free_port()}
+
+
+def peer_url(name: str) -> str:
+    """The URL `PEER_PORTS` gives server ``name``."""
+    return f"http://127.0.0.1:{PEER_PORTS[name]}"
+
+
 def tiny_server_args(tiny_dir: Path) -> list[str]:
-    """`tiny_server`'s flags: SAM on, an API key, a 512-token context, n <= 16, prompts of at most 480 tokens."""
+    """`tiny_server`'s flags: SAM on, an API key, a 512-token context, n <= 16, prompts of at most 480 tokens;
+    its weight peers: `second_tiny_server` and a silent one."""
     return ["--model", str(tiny_dir), "--served-model-name", "tiny", "--api-key", API_KEY,
             "--max-model-len", str(TINY_CONTEXT), "--max-prompt-tokens", str(TINY_MAX_PROMPT_TOKENS),
             "--max-n", "16", "--dtype", "float32", "--gpu-memory-utilization", str(TINY_SERVER_MEMORY),
             "--threshold-mode", "static",
+            "--weight-peers", f"{peer_url('second_tiny_server')},{peer_url('silent_peer')}",
             # small prefill chunks: long prompts (and seeded ones) are prefilled over several steps
             "--", "--max-num-batched-tokens", str(TINY_CHUNK_TOKENS)]
 
@@ -138,12 +151,17 @@ def second_tiny_server_args(tiny_dir: Path) -> list[str]:
             "--gpu-memory-utilization", str(TINY_SERVER_MEMORY)]
 
 
+def second_tiny_server_with_peer_args(tiny_dir: Path) -> list[str]:
+    """`second_tiny_server`'s own flags: those, and `tiny_server` as its weight peer."""
+    return [*second_tiny_server_args(tiny_dir), "--weight-peers", peer_url("tiny_server")]
+
+
 # The session's shared servers, by fixture name.  Each starts as the session starts when a collected test
 # needs it (`pytest_collection_finish`), side by side with the others and with the first tests: a start is
 # mostly single-threaded imports (about 40 s each on 2 cores, one after the other).  `tiny_server_to_kill` is
 # the one a test kills (test_client.py, early in the session: its memory is back long before the exactness
 # modules' engines).
-SHARED_SERVERS = {"tiny_server": tiny_server_args, "second_tiny_server": second_tiny_server_args,
+SHARED_SERVERS = {"tiny_server": tiny_server_args, "second_tiny_server": second_tiny_server_with_peer_args,
                   "tiny_server_to_kill": second_tiny_server_args}
 _launched: dict[str, Any] = {}  # fixture name -> ServerProcess launched, not yet handed to its fixture
 
@@ -159,7 +177,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     tiny = build_tiny_model(cache_root() / "models" / "tiny-random-llama", ensure_smollm2())
     logs = Path(tempfile.mkdtemp(prefix="samrollout-test-servers-"))
     for name in needed:
-        _launched[name] = launch_server(SHARED_SERVERS[name](tiny), logs / f"{name}.log")
+        _launched[name] = launch_server(SHARED_SERVERS[name](tiny), logs / f"{name}.log", port=PEER_PORTS.get(name))
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
@@ -173,7 +191,8 @@ def shared_server(name: str, tiny_dir: Path, tmp_path_factory: pytest.TempPathFa
     from samrollout.testing import launch_server
 
     server = _launched.pop(name, None) or launch_server(SHARED_SERVERS[name](tiny_dir),
-                                                        tmp_path_factory.mktemp(name) / "server.log")
+                                                        tmp_path_factory.mktemp(name) / "server.log",
+                                                        port=PEER_PORTS.get(name))
     return server.ready()
 
 

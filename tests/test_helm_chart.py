@@ -33,7 +33,7 @@ from yamllint.cli import find_files_recursively
 from yamllint.config import YamlLintConfig
 
 from samrollout.drafter import DraftPolicy
-from samrollout.server.settings import ServerSettings
+from samrollout.server.settings import ServerSettings, parse_peer_urls
 
 ROOT = Path(__file__).resolve().parent.parent
 CHART_DIR = ROOT / "deploy" / "helm" / "samrollout"
@@ -377,7 +377,8 @@ def test_default_values_run_the_server_with_its_own_defaults(chart: helm.Chart,
     release = render(chart)
     environ = _environ(release)
     assert {n for n in environ if n.startswith("SAMROLLOUT_")} - NON_SETTING_ENV == {
-        "SAMROLLOUT_HOST", "SAMROLLOUT_PORT", "SAMROLLOUT_TENSOR_PARALLEL_SIZE", "SAMROLLOUT_API_KEY"}
+        "SAMROLLOUT_HOST", "SAMROLLOUT_PORT", "SAMROLLOUT_TENSOR_PARALLEL_SIZE", "SAMROLLOUT_API_KEY",
+        "SAMROLLOUT_WEIGHT_PEERS"}  # the pods of the headless service (weightFanOut)
     for field in ServerSettings.model_fields:
         monkeypatch.delenv(f"SAMROLLOUT_{field.upper()}", raising=False)
     for name, value in environ.items():
@@ -605,6 +606,24 @@ def test_termination_grace_outlasts_the_server_shutdown_timeout(chart: helm.Char
     assert render(chart).pod["terminationGracePeriodSeconds"] == 60  # 30 s default + 30 s
     assert render(chart, {"server": {"shutdownTimeout": 90.5}}).pod["terminationGracePeriodSeconds"] == 121
     assert render(chart, {"terminationGracePeriodSeconds": 300}).pod["terminationGracePeriodSeconds"] == 300
+
+
+def test_pods_are_each_others_weight_peers_through_a_headless_service(chart: helm.Chart) -> None:
+    """weightFanOut: a name resolving to every pod (ready or not), given to each as --weight-peers."""
+    for kind in ("Deployment", "StatefulSet"):
+        release = render(chart, {"workload": {"kind": kind}, "server": {"port": 9000}})
+        headless = release.one("Service", f"{FULLNAME}-headless")
+        assert headless["spec"]["clusterIP"] == "None" and headless["spec"]["publishNotReadyAddresses"] is True
+        pod_labels = release.workload["spec"]["template"]["metadata"]["labels"]
+        assert headless["spec"]["selector"].items() <= pod_labels.items()
+        peers = release.env["SAMROLLOUT_WEIGHT_PEERS"]["value"]
+        assert peers == f"http://{FULLNAME}-headless.{NAMESPACE}.svc:9000"
+        assert parse_peer_urls(peers) == [peers]
+    own = render(chart, {"server": {"weightPeers": "http://a:8000,http://b:8000"}})
+    assert own.env["SAMROLLOUT_WEIGHT_PEERS"]["value"] == "http://a:8000,http://b:8000"  # set by hand: kept
+    off = render(chart, {"weightFanOut": {"enabled": False}})
+    assert "SAMROLLOUT_WEIGHT_PEERS" not in off.env
+    assert [service["metadata"]["name"] for service in off.all("Service")] == [FULLNAME]
 
 
 def test_statefulset_mode_runs_one_pod_per_node(chart: helm.Chart) -> None:

@@ -87,6 +87,7 @@ def test_draft_range_flag_reaches_the_engine_and_auto_is_each_devices_projected_
     (["--draft-range", "8:3,4:16"], {}, "draft_range"),
     ([], {"SAMROLLOUT_DRAFT_RANGE": "8"}, "draft_range"),
     ([], {"SAMROLLOUT_WEIGHT_UPLOAD_IDLE_SECONDS": "0"}, "weight_upload_idle_seconds"),
+    (["--weight-peers", "http://a:8000,10.0.0.2:8000"], {}, "weight_peers"),
 ])
 def test_invalid_settings_stop_serve_at_start_up_naming_the_setting(flags: list[str], env: dict[str, str],
                                                                       named: str) -> None:

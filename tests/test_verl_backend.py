@@ -400,17 +400,24 @@ def test_the_checkpoint_engine_builds_fresh_topologies_and_only_rank_0_pushes() 
 
 
 def test_verls_checkpoint_engine_manager_syncs_weights_to_running_servers_without_stopping_them(
-        verl_run: dict[str, Any], verl_server: ServerProcess, tiny_dir: Path) -> None:
+        verl_run: dict[str, Any], verl_server: ServerProcess, tiny_server: ServerProcess, tiny_dir: Path) -> None:
     """veRL's fully-async weight sync (CheckpointEngineManager.update_weights, backend "samrollout") with our
     replicas; the trainer's rank 0 is a Ray actor feeding the engine the checkpoint's tensors, as veRL's actor
-    worker does. Responses running meanwhile carry on and end with a span of the new version."""
+    worker does. Responses running meanwhile carry on and end with a span of the new version. The weights go to
+    two servers (the replica's and `tiny_server`, weight peers of each other) and cross the trainer's link once."""
+    with swapping_weights(tiny_server, "verl-sync", tiny_dir, tiny_dir):
+        _sync_weights_while_responses_run(verl_run, verl_server, tiny_server, tiny_dir)
+
+
+def _sync_weights_while_responses_run(verl_run: dict[str, Any], verl_server: ServerProcess,
+                                      tiny_server: ServerProcess, tiny_dir: Path) -> None:
     from verl.checkpoint_engine import CheckpointEngineManager
     from verl.single_controller.base.decorator import Dispatch, register
     from verl.single_controller.ray import RayClassWithInitArgs, RayWorkerGroup
     from verl.workers.config import CheckpointEngineConfig
     from verl.workers.rollout.llm_server import LLMServerManager
 
-    engine_kwargs = {"urls": [verl_server.url], "api_key": API_KEY}
+    engine_kwargs = {"urls": [verl_server.url, tiny_server.url], "api_key": API_KEY}
 
     class TrainerRank:  # veRL's actor worker, as far as the weight sync goes (defined here: Ray pickles it)
         def __init__(self, folder: str) -> None:
@@ -450,8 +457,10 @@ def test_verls_checkpoint_engine_manager_syncs_weights_to_running_servers_withou
                                       custom_backend_module="samrollout_client.verl.checkpoint_engine"),
         actor_wg=actor_wg, replicas=replicas)
     long = {**GREEDY, "temperature": 1.0, "max_tokens": 480, "ignore_eos": True}
-    assert manager.update_weights(global_steps=10)["samrollout/weight_push_bytes"] > 0  # idle servers (auto_await)
-    assert admin_status(verl_server)["weight_version"] == "10"
+    pushed = manager.update_weights(global_steps=10)  # idle servers (auto_await)
+    assert pushed["samrollout/weight_push_bytes"] > 0
+    assert pushed["samrollout/weight_push_bytes_sent"] == pushed["samrollout/weight_push_bytes"]  # relayed
+    assert admin_status(verl_server)["weight_version"] == "10" == admin_status(tiny_server)["weight_version"]
 
     async def scenario() -> tuple[list[Any], dict[str, Any]]:
         # The responses reach a frozen server ("keep" ends nothing; they wait in the engine), which then runs a

@@ -208,7 +208,8 @@ def runtime_with(engine: RecordingEngine, monkeypatch: pytest.MonkeyPatch) -> An
     settings = SimpleNamespace(weight_check_timeout=10.0, weight_value_check=False)
     runtime = runtime_module.ServerRuntime(settings=settings, engine=engine, generation=engine,
                                            state=None, model_name="tiny", vocab_size=10, max_model_len=64,
-                                           weight_version="v1", rollouts=None, weight_uploads=None, queue=None)
+                                           weight_version="v1", rollouts=None, weight_uploads=None, queue=None,
+                                           weight_peers=None)
     runtime.inflight._requests["r"] = InflightRequest("r", "completion", 1, None)  # engine id cmpl-r-0
     return runtime
 

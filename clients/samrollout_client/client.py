@@ -412,24 +412,28 @@ class AsyncRolloutClient:
         self._versions.served(version)
 
     async def push_weights(self, weights: WeightsSource, version: str, in_flight: InFlight = "wait",
-                           *, shard_bytes: int = DEFAULT_SHARD_BYTES, timeout_s: float = 600.0) -> WeightPush:
+                           *, shard_bytes: int = DEFAULT_SHARD_BYTES, timeout_s: float = 600.0,
+                           fan_out: bool = True) -> WeightPush:
         """Send new weights to every endpoint over HTTP (no shared disk), load them everywhere, wait for ``version``.
 
         ``weights``: a directory of ``*.safetensors`` files (streamed from disk), or a state dict,
         name -> torch tensor or numpy array, with the served checkpoint's tensor names, shapes and
         dtypes (serialised one shard of at most ``shard_bytes`` tensor bytes at a time, so the
         client holds about two shards' bytes at once), or a stream of such ``(name, tensor)`` pairs
-        (an iterator or async iterator, packed into shards as it is read). Each file goes to every
-        endpoint at once with its SHA-256 (`POST/PUT /admin/weight_uploads`); only once every
-        endpoint holds every file are the uploads committed, each loading them as `update_weights`
-        loads a directory. A failure before the commits cancels every upload (nothing is loaded
-        anywhere) and raises `SamrolloutError` (`RequestRejected` for a 4xx: a bad file, over the
-        server's size bound); a commit that fails (bad tensor names, shapes or dtypes: 400) leaves
+        (an iterator or async iterator, packed into shards as it is read). Each file goes out with
+        its SHA-256 (`POST/PUT /admin/weight_uploads`): with ``fan_out`` once per chain of servers
+        that relay it to one another (their ``--weight-peers``; about one checkpoint on this
+        client's link), to each endpoint directly where no peer reaches it (or with
+        ``fan_out=False``). Only once every endpoint holds every file, its SHA-256 checked on
+        each, are the uploads committed, each loading them as `update_weights` loads a directory.
+        A failure anywhere before the commits (on a relaying server too) cancels every upload
+        (nothing is loaded anywhere) and raises `SamrolloutError` (`RequestRejected` for a 4xx: a
+        bad file, over the server's size bound); a commit that fails (bad tensor names, shapes or dtypes: 400) leaves
         that endpoint on its old weights. ``in_flight`` as for `update_weights`. Returns what was
         sent and how long the upload and the load took.
         """
         source = WeightFiles(weights, shard_bytes)  # a bad argument fails here, before any request
-        return await push_weights(self._transport, self._versions, source, version, in_flight, timeout_s)
+        return await push_weights(self._transport, self._versions, source, version, in_flight, timeout_s, fan_out)
 
     async def pause(self, mode: PauseMode = "keep") -> None:
         """Hold generation on every endpoint."""

@@ -73,10 +73,11 @@ class RolloutClient:
         self._run(self._client.update_weights(path, version, in_flight))
 
     def push_weights(self, weights: WeightsSource, version: str, in_flight: InFlight = "wait",
-                     *, shard_bytes: int = DEFAULT_SHARD_BYTES, timeout_s: float = 600.0) -> WeightPush:
+                     *, shard_bytes: int = DEFAULT_SHARD_BYTES, timeout_s: float = 600.0,
+                     fan_out: bool = True) -> WeightPush:
         """See `AsyncRolloutClient.push_weights`."""
         return self._run(self._client.push_weights(weights, version, in_flight, shard_bytes=shard_bytes,
-                                                   timeout_s=timeout_s))
+                                                   timeout_s=timeout_s, fan_out=fan_out))
 
     def pause(self, mode: PauseMode = "keep") -> None:
         """See `AsyncRolloutClient.pause`."""

@@ -52,6 +52,16 @@ class Transport:
         result: dict[str, Any] = reply.json()
         return result
 
+    async def get(self, endpoint: Endpoint, path: str) -> dict[str, Any]:
+        """GET and decode, failures as for `post`."""
+        try:
+            reply = await self.http.get(f"{endpoint.url}{path}")
+        except RETRYABLE_ERRORS as error:
+            raise Retryable(f"{endpoint.url}: {type(error).__name__}: {error}") from None
+        check_status(endpoint, reply)
+        result: dict[str, Any] = reply.json()
+        return result
+
     async def post_when_admitted(self, endpoint: Endpoint, path: str, body: dict[str, Any],
                                  busy: int) -> dict[str, Any]:
         """`post`, waiting out 429s (the server's Retry-After, with backoff) up to ``max_busy_retries`` in all."""

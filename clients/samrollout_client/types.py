@@ -207,14 +207,17 @@ class WeightPush(BaseModel):
     endpoints: int
     files: list[str] = Field(description="the files each endpoint received, in order")
     bytes: int = Field(description="bytes of those files (one endpoint's share)")
-    bytes_sent: int = Field(description="bytes sent to all endpoints together")
+    bytes_sent: int = Field(description="bytes this client sent: each file once per relay chain")
+    relay_chains: list[list[str]] = Field(
+        default_factory=list, description="the endpoints each copy the client sent went through: the first "
+        "received it from the client, each passed it on to the next (one endpoint per chain: a direct push)")
     upload_s: float = Field(description="opening the uploads and sending every file")
     load_s: float = Field(description="the commits (checks and load on the servers) until every endpoint serves it")
     seconds: float = Field(description="the whole push")
 
     @property
     def mb_per_s(self) -> float:
-        """Upload rate over all endpoints together, in MB/s (10^6 bytes)."""
+        """The client's upload rate, in MB/s (10^6 bytes)."""
         return self.bytes_sent / 1e6 / max(self.upload_s, 1e-9)
 
 

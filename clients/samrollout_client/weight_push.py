@@ -1,9 +1,15 @@
 """New weights sent to every server over HTTP and loaded all or nothing (`AsyncRolloutClient.push_weights`).
 
-Each file goes to every endpoint at once with its SHA-256 (``POST/PUT /admin/weight_uploads``);
-only once every endpoint holds every file are the uploads committed, each loading them as
-``/admin/update_weights`` loads a directory.  A failure before the commits cancels every upload,
-so nothing is loaded anywhere.
+Each file goes out with its SHA-256 (``POST/PUT /admin/weight_uploads``).  With ``fan_out`` (the
+default) the client asks each server which of the others it may relay to (``GET /admin/peers``:
+the servers' own ``--weight-peers``) and sends each file once per *chain* of servers
+(`relay_chains`): the first stages it and passes it on to the next while it arrives, and so on,
+so the trainer's link carries about one checkpoint whatever the number of servers.  Servers no
+peer can reach (or all of them, without peers or with ``fan_out=False``) get the file directly.
+The first server's answer lists what every server of its chain received and its SHA-256; the
+client checks each against the file.  Only once every server holds every file are the uploads
+committed, each loading them as ``/admin/update_weights`` loads a directory.  A failure anywhere
+before the commits cancels every upload, so nothing is loaded anywhere.
 """
 
 from __future__ import annotations
@@ -11,6 +17,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import httpx
 
@@ -19,62 +28,135 @@ from samrollout_client.errors import RequestRejected, SamrolloutError, error_mes
 from samrollout_client.transport import Transport, raise_failures
 from samrollout_client.types import InFlight, WeightPush
 from samrollout_client.versions import VersionTracker
-from samrollout_client.weights import SHA256_HEADER, WeightFile, WeightFiles
+from samrollout_client.weights import MAX_RELAY_HOPS, RELAY_HEADER, SHA256_HEADER, WeightFile, WeightFiles
+
+
+@dataclass(frozen=True)
+class UploadTarget:
+    """One server's open upload: where to send, its upload id, and the server's id (how relays name it)."""
+
+    endpoint: Endpoint
+    upload_id: str
+    server_id: str | None
 
 
 async def push_weights(transport: Transport, versions: VersionTracker, source: WeightFiles, version: str,
-                       in_flight: InFlight, timeout_s: float) -> WeightPush:
-    """Upload ``source`` to every endpoint, commit it as ``version`` everywhere, wait until all serve it."""
+                       in_flight: InFlight, timeout_s: float, fan_out: bool = True) -> WeightPush:
+    """Upload ``source`` to every endpoint (relayed along chains with ``fan_out``), commit it as ``version``
+    everywhere, wait until all serve it."""
     started = time.monotonic()
     endpoints = list(transport.pool.endpoints)
     opened = await transport.post_to_all("/admin/weight_uploads", None)
-    uploads = [(e, str(r["upload_id"])) for e, r in zip(endpoints, opened, strict=True) if isinstance(r, dict)]
+    targets = [UploadTarget(e, str(r["upload_id"]), r.get("server_id")) for e, r in zip(endpoints, opened, strict=True)
+               if isinstance(r, dict)]
     names: list[str] = []
     sent = 0
+    chains = [[target] for target in targets]
     try:
         raise_failures("opening a weight upload", endpoints, opened)
-        for endpoint, reply in zip(endpoints, opened, strict=True):
-            assert isinstance(reply, dict)
-            if source.total_bytes is not None and source.total_bytes > int(reply["max_bytes"]):
-                raise RequestRejected(endpoint.url, 413, f"these weights ({source.total_bytes} bytes) exceed the "
-                                      f"server's upload bound of {reply['max_bytes']} bytes "
-                                      "(--max-weight-upload-bytes)")
+        _check_bound(source, endpoints, opened)
+        if fan_out and len(targets) > 1:
+            reachable = await _reachable_peers(transport, targets)
+            chains = [[targets[i] for i in chain] for chain in relay_chains([t.server_id for t in targets], reachable)]
+        heads = [chain[0].endpoint for chain in chains]
         async for file in source.files():
-            replies = await asyncio.gather(*(_put_file(transport, e, upload, file) for e, upload in uploads),
+            replies = await asyncio.gather(*(_send_along(transport, chain, file) for chain in chains),
                                            return_exceptions=True)
-            raise_failures(f"sending {file.name}", endpoints, replies)
+            raise_failures(f"sending {file.name}", heads, replies)
             names.append(file.name)
-            sent += file.size * len(uploads)
+            sent += file.size * len(chains)
     except BaseException:
-        await asyncio.gather(*(_cancel_upload(transport, e, upload) for e, upload in uploads),
-                             return_exceptions=True)
+        await asyncio.gather(*(_cancel_upload(transport, t) for t in targets), return_exceptions=True)
         raise
     uploaded = time.monotonic()
     body = {"version": version, "in_flight": in_flight}
-    commits = await asyncio.gather(*(transport.post(e, f"/admin/weight_uploads/{upload}/commit", body)
-                                     for e, upload in uploads), return_exceptions=True)
+    commits = await asyncio.gather(*(transport.post(t.endpoint, f"/admin/weight_uploads/{t.upload_id}/commit", body)
+                                     for t in targets), return_exceptions=True)
     raise_failures("committing the weights", endpoints, commits)
     await versions.wait_for(version, timeout_s)
     versions.served(version)
     done = time.monotonic()
-    return WeightPush(version=version, endpoints=len(uploads), files=names, bytes=sent // max(len(uploads), 1),
-                      bytes_sent=sent, upload_s=uploaded - started, load_s=done - uploaded, seconds=done - started)
+    return WeightPush(version=version, endpoints=len(targets), files=names,
+                      bytes=sent // max(len(chains), 1), bytes_sent=sent,
+                      relay_chains=[[t.endpoint.url for t in chain] for chain in chains],
+                      upload_s=uploaded - started, load_s=done - uploaded, seconds=done - started)
 
 
-async def _put_file(transport: Transport, endpoint: Endpoint, upload_id: str, file: WeightFile) -> None:
-    """Stream one file into an upload; 4xx -> `RequestRejected`, anything else -> `SamrolloutError`."""
-    url = f"{endpoint.url}/admin/weight_uploads/{upload_id}/files/{file.name}"
+def relay_chains(server_ids: Sequence[str | None], reachable: Sequence[set[str]]) -> list[list[int]]:
+    """The servers (by index) grouped into chains: each server after the first of a chain is one its predecessor
+    can reach (``reachable[i]``: the ids server ``i`` relays to), each server in exactly one chain, at most
+    ``MAX_RELAY_HOPS`` after the first; greedy, in the given order.  No one reachable: one chain per server."""
+    left = list(range(len(server_ids)))
+    chains = []
+    while left:
+        chain = [left.pop(0)]
+        while len(chain) <= MAX_RELAY_HOPS:
+            following = next((j for j in left if server_ids[j] is not None and server_ids[j] in reachable[chain[-1]]),
+                             None)
+            if following is None:
+                break
+            left.remove(following)
+            chain.append(following)
+        chains.append(chain)
+    return chains
+
+
+def _check_bound(source: WeightFiles, endpoints: list[Endpoint], opened: list[dict[str, Any] | BaseException]) -> None:
+    """`RequestRejected` 413 when the weights are known to exceed a server's upload bound."""
+    for endpoint, reply in zip(endpoints, opened, strict=True):
+        assert isinstance(reply, dict)
+        if source.total_bytes is not None and source.total_bytes > int(reply["max_bytes"]):
+            raise RequestRejected(endpoint.url, 413, f"these weights ({source.total_bytes} bytes) exceed the "
+                                  f"server's upload bound of {reply['max_bytes']} bytes (--max-weight-upload-bytes)")
+
+
+async def _reachable_peers(transport: Transport, targets: list[UploadTarget]) -> list[set[str]]:
+    """Each server's peers that answer now (``GET /admin/peers``); none for a server that cannot say."""
+    async def peers_of(target: UploadTarget) -> set[str]:
+        try:
+            reply = await transport.get(target.endpoint, "/admin/peers")
+        except SamrolloutError:  # a server of an older release, or one that failed to ask: push to it directly
+            return set()
+        return {str(p["server_id"]) for p in reply.get("peers", []) if p.get("reachable") and p.get("server_id")}
+
+    return list(await asyncio.gather(*(peers_of(target) for target in targets)))
+
+
+async def _send_along(transport: Transport, chain: list[UploadTarget], file: WeightFile) -> None:
+    """Stream one file to the chain's first server, which relays it along the rest; check every server's copy.
+
+    4xx -> `RequestRejected`, anything else (a relay that failed: 502) -> `SamrolloutError`.
+    """
+    head = chain[0]
+    url = f"{head.endpoint.url}/admin/weight_uploads/{head.upload_id}/files/{file.name}"
     headers = {SHA256_HEADER: file.sha256, "Content-Length": str(file.size), "Content-Type": "application/octet-stream"}
+    if len(chain) > 1:
+        headers[RELAY_HEADER] = ",".join(f"{t.server_id}/{t.upload_id}" for t in chain[1:])
     try:
         reply = await transport.http.put(url, content=file.chunks(), headers=headers)
     except httpx.HTTPError as error:
-        raise SamrolloutError(f"{endpoint.url}: sending {file.name} failed: {type(error).__name__}: {error}") \
+        raise SamrolloutError(f"{head.endpoint.url}: sending {file.name} failed: {type(error).__name__}: {error}") \
             from None
+    if 400 <= reply.status_code < 500:
+        raise RequestRejected(head.endpoint.url, reply.status_code, error_message(reply))
     if reply.status_code >= 400:
-        raise RequestRejected(endpoint.url, reply.status_code, error_message(reply))
+        raise SamrolloutError(f"{head.endpoint.url}: sending {file.name} failed ({reply.status_code}): "
+                              f"{error_message(reply)}")
+    _check_copies(chain, file, reply.json())
 
 
-async def _cancel_upload(transport: Transport, endpoint: Endpoint, upload_id: str) -> None:
+def _check_copies(chain: list[UploadTarget], file: WeightFile, reply: dict[str, Any]) -> None:
+    """`SamrolloutError` unless every server of the chain reports the file's size and SHA-256, in chain order."""
+    copies = [{"server_id": chain[0].server_id, "upload_id": chain[0].upload_id, "bytes": reply.get("bytes"),
+               "sha256": reply.get("sha256")}, *reply.get("relayed", [])]
+    expected = [(t.server_id, t.upload_id, file.size, file.sha256) for t in chain]
+    found = [(c.get("server_id"), c.get("upload_id"), c.get("bytes"), c.get("sha256")) for c in copies]
+    if found != expected:
+        raise SamrolloutError(f"{chain[0].endpoint.url}: {file.name} was not confirmed by every server of its relay "
+                              f"chain (expected {expected}, got {found})")
+
+
+async def _cancel_upload(transport: Transport, target: UploadTarget) -> None:
     """Cancel an upload (best effort: one that expired or was committed is gone anyway)."""
     with contextlib.suppress(httpx.HTTPError):
-        await transport.http.delete(f"{endpoint.url}/admin/weight_uploads/{upload_id}", timeout=30.0)
+        await transport.http.delete(f"{target.endpoint.url}/admin/weight_uploads/{target.upload_id}", timeout=30.0)

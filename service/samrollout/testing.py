@@ -110,13 +110,15 @@ def start_server(args: list[str], log: Path, env: dict[str, str] | None = None) 
     return launch_server(args, log, env).ready()
 
 
-def launch_server(args: list[str], log: Path, env: dict[str, str] | None = None) -> ServerProcess:
+def launch_server(args: list[str], log: Path, env: dict[str, str] | None = None,
+                  port: int | None = None) -> ServerProcess:
     """Start ``samrollout serve ARGS --port <free>`` and return at once: `ServerProcess.ready` waits for it.
 
     For starting several servers side by side (each start is mostly single-threaded imports).
+    ``port``: one chosen beforehand (servers that name each other, e.g. in ``--weight-peers``).
     """
     return launch_command(lambda port: [sys.executable, "-m", "samrollout.cli", "serve", "--port", str(port), *args],
-                          log, env)
+                          log, env, port=port)
 
 
 def start_command(command: Callable[[int], list[str]], log: Path, env: dict[str, str] | None = None,
@@ -127,12 +129,13 @@ def start_command(command: Callable[[int], list[str]], log: Path, env: dict[str,
 
 
 def launch_command(command: Callable[[int], list[str]], log: Path, env: dict[str, str] | None = None,
-                   ready_path: str = "/health") -> ServerProcess:
-    """Start the HTTP server ``command(free port)`` and return at once; `ServerProcess.ready` waits for it.
+                   ready_path: str = "/health", port: int | None = None) -> ServerProcess:
+    """Start the HTTP server ``command(port)`` (a free one unless given) and return at once; `ServerProcess.ready`
+    waits for it.
 
     The process runs in a session of its own (its workers are in its process group).
     """
-    port = free_port()
+    port = port or free_port()
     log.parent.mkdir(parents=True, exist_ok=True)
     handle = log.open("wb")
     process = subprocess.Popen(command(port),

@@ -48,9 +48,9 @@ async def push_to_servers(settings: VerlBackendSettings, tensors: AsyncIterator[
                                   request_timeout_s=settings.request_timeout_s) as client:
         push = await client.push_weights(_without(tensors, skipped), version, settings.in_flight,
                                          shard_bytes=settings.shard_megabytes << 20,
-                                         timeout_s=settings.request_timeout_s)
-    logger.info("samrollout: weights %s pushed to %d server(s): %d bytes in %.2f s", version,
-                len(settings.urls), push.bytes, push.seconds)
+                                         timeout_s=settings.request_timeout_s, fan_out=settings.fan_out)
+    logger.info("samrollout: weights %s pushed to %d server(s) along %d chain(s): %d bytes in %.2f s", version,
+                len(settings.urls), len(push.relay_chains), push.bytes, push.seconds)
     return push
 
 

@@ -14,8 +14,9 @@ Select it with ``actor_rollout_ref.rollout.checkpoint_engine.backend=samrollout`
 ``custom_backend_module=samrollout_client.verl.checkpoint_engine``; its settings are
 ``checkpoint_engine.engine_kwargs.samrollout``: ``urls`` (else ``SAMROLLOUT_URLS``),
 ``api_key`` (else ``SAMROLLOUT_API_KEY``), ``in_flight`` (default ``"continue"``: running
-responses carry on across the update), ``shard_megabytes``, ``request_timeout_s`` and
-``tie_word_embeddings`` (true for a tied-embeddings model: its ``lm_head.weight`` is not sent).
+responses carry on across the update), ``shard_megabytes``, ``request_timeout_s``, ``fan_out``
+(default true: each file crosses the trainer's link once and the servers relay it to their
+``--weight-peers``) and ``tie_word_embeddings`` (true for a tied-embeddings model: its ``lm_head.weight`` is not sent).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from samrollout_client.verl.adapter import push_to_servers
 from samrollout_client.verl.settings import VerlBackendSettings, backend_settings
 
 BACKEND = "samrollout"
-_SETTING_KEYS = ("urls", "api_key", "in_flight", "shard_megabytes", "request_timeout_s")
+_SETTING_KEYS = ("urls", "api_key", "in_flight", "shard_megabytes", "request_timeout_s", "fan_out")
 
 
 def engine_settings(engine_kwargs: dict[str, Any]) -> VerlBackendSettings:
@@ -79,6 +80,7 @@ class SamrolloutCheckpointEngine(CheckpointEngine):
             return {}
         self.last_push = await push_to_servers(self.settings, tensors, version, self.skipped)
         return {"samrollout/weight_push_bytes": self.last_push.bytes,
+                "samrollout/weight_push_bytes_sent": self.last_push.bytes_sent,
                 "samrollout/weight_push_seconds": self.last_push.seconds}
 
     async def receive_weights(self, global_steps: int | None = None) -> Generator[tuple[str, Any], None, None]:

@@ -28,6 +28,7 @@ class VerlBackendSettings:
     request_timeout_s: float = 3600.0            # one response may be a 32K-token reasoning trace
     in_flight: InFlight = "abort"  # what a weight push does to requests still running
     shard_megabytes: int = 512                     # safetensors shard size of a weight push (client memory)
+    fan_out: bool = True  # a weight push relayed server to server (their --weight-peers): one copy on the link
     sleep_servers: bool = False  # map veRL's sleep/wake to /admin/sleep|wake (servers sharing the trainer's GPUs)
     extra: dict[str, Any] = field(default_factory=dict)  # other fields sent as they are with every request
 
@@ -68,5 +69,6 @@ def backend_settings(rollout_config: Any) -> VerlBackendSettings:
         request_timeout_s=float(section.get("request_timeout_s", 3600.0)),
         in_flight=in_flight,
         shard_megabytes=int(section.get("shard_megabytes", 512)),
+        fan_out=bool(section.get("fan_out", True)),
         sleep_servers=bool(section.get("sleep_servers", False)),
         extra=dict(section.get("extra") or {}))

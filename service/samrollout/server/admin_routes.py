@@ -8,77 +8,67 @@
 - ``POST /admin/abort_rollout`` {rollout_id}: abort every in-flight request of one rollout.
 - ``POST /admin/reset_prefix_cache``; ``GET /admin/status``: version, paused, sleeping, in flight, drafter,
   the last weight update's cost.
-- ``/admin/weight_uploads``: new weights pushed over HTTP (no shared disk): ``POST`` opens an upload,
-  ``PUT .../{id}/files/{name}`` streams one ``*.safetensors`` file (``X-Content-SHA256`` header),
-  ``POST .../{id}/commit`` {version, in_flight} checks and loads them as update_weights does,
-  ``GET .../{id}`` shows it, ``DELETE .../{id}`` cancels it (`weight_uploads`).
+- ``/admin/weight_uploads``, ``/admin/identity``, ``/admin/peers``: weights pushed over HTTP
+  (`weight_upload_routes`).
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-from fastapi import APIRouter, Depends, Header, Request
+from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, ConfigDict, Field
-from starlette.requests import ClientDisconnect
 
 from samrollout.server.auth import require_api_key
 from samrollout.server.errors import ApiError
 from samrollout.server.rl_fields import ID_PATTERN
 from samrollout.server.runtime import ServerRuntime
-from samrollout.server.weight_uploads import WeightUploads
 from samrollout_client.types import InFlight, PauseMode
-from samrollout_client.weights import SHA256_HEADER
 
 router = APIRouter(prefix="/admin", dependencies=[Depends(require_api_key)])
-_ERRORS: dict[int | str, dict[str, Any]] = {400: {"description": "bad request"}, 401: {"description": "no key"},
+ADMIN_ERRORS: dict[int | str, dict[str, Any]] = {400: {"description": "bad request"}, 401: {"description": "no key"},
                                             409: {"description": "not possible in this state or configuration"}}
 
 
-class _Body(BaseModel):
+class AdminBody(BaseModel):
+    """An admin request's JSON body: unknown fields are a 400."""
+
     model_config = ConfigDict(extra="forbid")
 
 
-_IN_FLIGHT = ("requests in flight: finish them on the old weights first (wait), abort them (abort), or stop them "
+IN_FLIGHT_HELP = ("requests in flight: finish them on the old weights first (wait), abort them (abort), or stop them "
               "at a token boundary and let them go on under the new weights in the same response, their KV cache "
               "computed again under the new weights (continue) or kept as the old weights computed it "
               "(continue-keep-kv: nothing recomputed)")
 
 
-class UpdateWeights(_Body):
+class UpdateWeights(AdminBody):
     """Where the new weights are, their version tag, and what happens to requests in flight."""
 
     path: str = Field(min_length=1, description="directory with the new *.safetensors (same architecture)")
     version: str = Field(min_length=1, max_length=128, description="weight version reported with responses")
-    in_flight: InFlight = Field("wait", description=_IN_FLIGHT)
+    in_flight: InFlight = Field("wait", description=IN_FLIGHT_HELP)
 
 
-class CommitUpload(_Body):
-    """The version tag of the uploaded weights, and what happens to requests in flight while they load."""
-
-    version: str = Field(min_length=1, max_length=128, description="weight version reported with responses")
-    in_flight: InFlight = Field("wait", description=_IN_FLIGHT)
-
-
-class Pause(_Body):
+class Pause(AdminBody):
     """How pausing treats requests in flight: keep them frozen, wait for them, or abort them."""
 
     mode: PauseMode = "keep"
 
 
-class Step(_Body):
+class Step(AdminBody):
     """How many engine steps a held engine runs before it is held again."""
 
     steps: int = Field(default=1, ge=1, le=100_000, description="model steps (forward passes) to run")
 
 
-class Sleep(_Body):
+class Sleep(AdminBody):
     """vLLM sleep level: 1 offloads weights and drops the KV cache, 2 drops both."""
 
     level: Literal[1, 2] = 1
 
 
-class AbortRollout(_Body):
+class AbortRollout(AdminBody):
     """The rollout whose in-flight requests to abort."""
 
     rollout_id: str = Field(pattern=ID_PATTERN)
@@ -89,86 +79,13 @@ def _runtime(request: Request) -> ServerRuntime:
     return runtime
 
 
-def _uploads(request: Request) -> WeightUploads:
-    return _runtime(request).weight_uploads
-
-
-@router.post("/update_weights", responses=_ERRORS)
+@router.post("/update_weights", responses=ADMIN_ERRORS)
 async def update_weights(body: UpdateWeights, request: Request) -> dict[str, Any]:
     """Load new policy weights atomically between steps; drafter state and prefix cache are dropped."""
     return await _runtime(request).update_weights(body.path, body.version, body.in_flight)
 
 
-_UPLOAD_ERRORS: dict[int | str, dict[str, Any]] = {
-    **_ERRORS, 404: {"description": "no such open upload"}, 413: {"description": "over --max-weight-upload-bytes"},
-    429: {"description": "--max-weight-uploads are open"}, 507: {"description": "the staging disk is full"}}
-_FILE_BODY: dict[str, Any] = {"requestBody": {"required": True, "description": "the file's bytes, streamed",
-                                              "content": {"application/octet-stream": {
-                                                  "schema": {"type": "string", "format": "binary"}}}}}
-
-
-@router.post("/weight_uploads", responses=_UPLOAD_ERRORS, status_code=201)
-async def open_weight_upload(request: Request) -> dict[str, Any]:
-    """Open an upload of new weights (no shared disk needed): PUT its files, then commit it.
-
-    Answers its ``upload_id``, its byte bound (``max_bytes``) and ``expires_in_s`` (an upload
-    left idle that long is deleted).
-    """
-    uploads = _uploads(request)
-    return uploads.describe(uploads.create())
-
-
-@router.put("/weight_uploads/{upload_id}/files/{file_name:path}", responses=_UPLOAD_ERRORS,
-            openapi_extra=_FILE_BODY)
-async def put_weight_file(upload_id: str, file_name: str, request: Request,
-                          sha256: Annotated[str | None, Header(alias=SHA256_HEADER, description=(
-                              "hex SHA-256 of the file; a mismatch is a 400 and the file is dropped"))] = None,
-                          ) -> dict[str, Any]:
-    """Stream one ``*.safetensors`` file into the upload (to disk as it arrives; its SHA-256 checked at the end).
-
-    A plain file name only (no directories); sending a name again replaces that file.
-    """
-    length = request.headers.get("content-length")
-    try:
-        return await _uploads(request).receive(upload_id, file_name, request.stream(), sha256,
-                                               int(length) if length and length.isdigit() else None)
-    except ClientDisconnect:
-        raise ApiError(400, f"the client disconnected before {file_name} was complete; it is not staged") from None
-
-
-@router.get("/weight_uploads/{upload_id}", responses=_UPLOAD_ERRORS)
-async def get_weight_upload(upload_id: str, request: Request) -> dict[str, Any]:
-    """An open upload: its complete files and their sizes, bytes staged, seconds until it expires if left idle."""
-    uploads = _uploads(request)
-    return uploads.describe(uploads.get(upload_id))
-
-
-@router.post("/weight_uploads/{upload_id}/commit", responses=_UPLOAD_ERRORS)
-async def commit_weight_upload(upload_id: str, body: CommitUpload, request: Request) -> dict[str, Any]:
-    """Check the uploaded files and load them as ``version``, exactly as /admin/update_weights loads a directory.
-
-    The upload ends either way: loaded (200) or refused (400 naming the file and tensor;
-    the old weights keep serving); its files are deleted.
-    """
-    runtime = _runtime(request)
-    upload = runtime.weight_uploads.begin_commit(upload_id)
-    try:
-        result = await runtime.load_weights(str(upload.folder), body.version, body.in_flight, param=None,
-                                            source=f"weight upload {upload_id}")
-    finally:
-        runtime.weight_uploads.finish(upload)
-    return {**result, "upload_id": upload_id, "files": sorted(upload.files),
-            "bytes": sum(size for size, _ in upload.files.values())}
-
-
-@router.delete("/weight_uploads/{upload_id}", responses=_UPLOAD_ERRORS)
-async def cancel_weight_upload(upload_id: str, request: Request) -> dict[str, Any]:
-    """Cancel an open upload: its files are deleted and nothing is loaded."""
-    upload = _uploads(request).cancel(upload_id)
-    return {"upload_id": upload.upload_id, "cancelled": True}
-
-
-@router.post("/pause", responses=_ERRORS)
+@router.post("/pause", responses=ADMIN_ERRORS)
 async def pause(request: Request, body: Pause | None = None) -> dict[str, Any]:
     """Stop scheduling generation until /admin/resume."""
     mode = (body or Pause()).mode
@@ -176,14 +93,14 @@ async def pause(request: Request, body: Pause | None = None) -> dict[str, Any]:
     return {"paused": True, "mode": mode}
 
 
-@router.post("/resume", responses=_ERRORS)
+@router.post("/resume", responses=ADMIN_ERRORS)
 async def resume(request: Request) -> dict[str, Any]:
     """Resume generation after /admin/pause."""
     await _runtime(request).resume()
     return {"paused": False}
 
 
-@router.post("/step", responses={**_ERRORS, 501: {"description": "this vLLM cannot step"}})
+@router.post("/step", responses={**ADMIN_ERRORS, 501: {"description": "this vLLM cannot step"}})
 async def step(request: Request, body: Step | None = None) -> dict[str, Any]:
     """Run a held engine (after /admin/pause) a few steps and hold it again as "keep": act mid-generation at will.
 
@@ -199,7 +116,7 @@ async def step(request: Request, body: Step | None = None) -> dict[str, Any]:
     return {"paused": True, "steps": await runtime.run_steps(steps), "requested_steps": steps}
 
 
-@router.post("/sleep", responses=_ERRORS)
+@router.post("/sleep", responses=ADMIN_ERRORS)
 async def sleep(request: Request, body: Sleep | None = None) -> dict[str, Any]:
     """Free accelerator memory (vLLM sleep mode; start the server with --vllm sleep mode on an accelerator)."""
     runtime = _runtime(request)
@@ -212,7 +129,7 @@ async def sleep(request: Request, body: Sleep | None = None) -> dict[str, Any]:
     return {"sleeping": True, "level": level}
 
 
-@router.post("/wake", responses=_ERRORS)
+@router.post("/wake", responses=ADMIN_ERRORS)
 async def wake(request: Request) -> dict[str, Any]:
     """Restore what /admin/sleep freed."""
     runtime = _runtime(request)
@@ -224,21 +141,21 @@ async def wake(request: Request) -> dict[str, Any]:
     return {"sleeping": False}
 
 
-@router.post("/abort_rollout", responses=_ERRORS)
+@router.post("/abort_rollout", responses=ADMIN_ERRORS)
 async def abort_rollout(body: AbortRollout, request: Request) -> dict[str, Any]:
     """Abort every in-flight request tagged with this rollout id (others keep running)."""
     aborted = await _runtime(request).abort_rollout(body.rollout_id)
     return {"rollout_id": body.rollout_id, "aborted_requests": aborted}
 
 
-@router.post("/reset_prefix_cache", responses=_ERRORS)
+@router.post("/reset_prefix_cache", responses=ADMIN_ERRORS)
 async def reset_prefix_cache(request: Request) -> dict[str, Any]:
     """Drop the engine's prefix cache."""
     done = await _runtime(request).engine.reset_prefix_cache()
     return {"reset": bool(done)}
 
 
-@router.get("/status", responses=_ERRORS)
+@router.get("/status", responses=ADMIN_ERRORS)
 async def status(request: Request, drafter: bool = True) -> dict[str, Any]:
     """Weight version, paused/sleeping, HTTP requests in flight, rollout scheduling, open weight uploads, drafter.
 

@@ -16,7 +16,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 from samrollout.metrics.aborts import count_api_aborts
 from samrollout.metrics.drafter import DRAFTER_METRICS
 from samrollout.metrics.http_errors import CountHttpErrors
-from samrollout.server import admin_routes, openai_routes
+from samrollout.server import admin_routes, openai_routes, weight_upload_routes
 from samrollout.server.auth import require_api_key
 from samrollout.server.engine_watch import engine_dead, exit_when_engine_dies, start_up_heartbeat
 from samrollout.server.errors import error_response, install_error_handlers
@@ -63,6 +63,7 @@ def build_app(settings: ServerSettings) -> FastAPI:
     _add_api_docs(app)
     app.include_router(openai_routes.router)
     app.include_router(admin_routes.router)
+    app.include_router(weight_upload_routes.router)
 
     @app.get("/health")
     async def health(request: Request) -> Response:
@@ -137,6 +138,7 @@ async def _stop(runtime: ServerRuntime) -> None:
             await runtime.generation.abort(ids)
     finally:
         runtime.weight_uploads.close()
+        await runtime.weight_peers.aclose()
         runtime.engine.shutdown()
 
 

@@ -40,10 +40,11 @@ from samrollout.server.inflight import InflightRegistry
 from samrollout.server.length_predictor import LengthPredictor
 from samrollout.server.queue_limit import QueueLimit
 from samrollout.server.scheduled_engine import ScheduledEngineClient, output_tokens_so_far
-from samrollout.server.settings import ServerSettings
+from samrollout.server.settings import ServerSettings, parse_peer_urls
 from samrollout.server.vllm_argv import vllm_argv
 from samrollout.server.weight_epoch import EpochSaltedEngine, WeightEpoch
 from samrollout.server.weight_labels import WeightLabels, labelling_client
+from samrollout.server.weight_relay import WeightPeers, new_server_id
 from samrollout.server.weight_uploads import WeightUploads, default_max_bytes, default_staging_root
 from samrollout.server.weights_check import Layout, WeightsError, check_weights_dir, checkpoint_layout
 from samrollout.spec_decode.stats import ProposerStats
@@ -125,6 +126,7 @@ class ServerRuntime:
     rollouts: RolloutTracker
     weight_uploads: WeightUploads    # weights pushed over HTTP, staged until committed (/admin/weight_uploads)
     queue: QueueLimit                # sequences in progress, bounded (--max-queued-requests; 429 beyond)
+    weight_peers: WeightPeers        # the servers this one relays pushed weight files to (--weight-peers)
     inflight: InflightRegistry = field(default_factory=InflightRegistry)
     update_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     expected_weights: Layout | None = None  # the served checkpoint's tensors: what weight updates must match
@@ -369,6 +371,9 @@ async def start_runtime(settings: ServerSettings, state: State) -> ServerRuntime
                          expected_weights=layout,
                          rollouts=RolloutTracker(settings.threshold, settings.rollout_idle_seconds),
                          weight_uploads=uploads, labels=labels, epoch=epoch,
+                         weight_peers=WeightPeers(parse_peer_urls(settings.weight_peers), new_server_id(),
+                                                  settings.api_key.get_secret_value() if settings.api_key else None,
+                                                  settings.weight_upload_idle_seconds),
                          queue=QueueLimit(int(vllm_config.scheduler_config.max_num_seqs),
                                           settings.max_queued_requests))
 

@@ -18,6 +18,7 @@ import ipaddress
 import json
 import types
 from typing import Any, Literal, Self, Union, get_args, get_origin
+from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic.config import JsonDict
@@ -147,6 +148,12 @@ class ServerSettings(BaseSettings):
     max_weight_uploads: int = Field(2, ge=1, le=64, description="weight uploads open at once")
     weight_upload_idle_seconds: float = Field(
         600.0, gt=0.0, description="a weight upload untouched this long is cancelled and its files deleted")
+    weight_peers: str = Field(
+        "", json_schema_extra=_metavar("URLS"),
+        description="the servers this one may pass pushed weight files on to (comma-separated base URLs, e.g. "
+        "http://rollout-1:8000; a name that resolves to several addresses, such as a headless service, stands "
+        "for each): a push then crosses the trainer's link once, not once per server. Only these are ever "
+        "contacted; none: pushes go directly to each server")
     weight_value_check: bool = Field(
         True, description="refuse weight updates holding NaN or infinite values (reads every tensor once; off: "
         "for trainers that check their weights themselves)")
@@ -206,6 +213,12 @@ class ServerSettings(BaseSettings):
     @classmethod
     def _valid_critical_path(cls, value: str) -> str:
         default_critical_path(value, "cpu")  # raises ValueError saying how to write it
+        return value
+
+    @field_validator("weight_peers")
+    @classmethod
+    def _valid_weight_peers(cls, value: str) -> str:
+        parse_peer_urls(value)  # raises ValueError naming the bad URL
         return value
 
     @field_validator("draft_policy")
@@ -332,3 +345,22 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
     if extra:
         given["vllm_args"] = extra
     return ServerSettings(**given)
+
+
+def parse_peer_urls(text: str) -> list[str]:
+    """``--weight-peers``: comma-separated ``http(s)://host:port`` base URLs; ValueError naming a bad one."""
+    urls = []
+    for entry in (part.strip() for part in text.split(",")):
+        if not entry:
+            continue
+        parts = urlsplit(entry)
+        if parts.scheme not in ("http", "https") or not parts.hostname or parts.path.strip("/") \
+                or parts.query or parts.fragment or parts.username or parts.password:
+            raise ValueError(f"weight peer {entry!r}: give a base URL such as http://server-1:8000 (no path, query "
+                             "or credentials)")
+        try:
+            parts.port  # noqa: B018  (a bad port raises here)
+        except ValueError:
+            raise ValueError(f"weight peer {entry!r}: bad port") from None
+        urls.append(entry.rstrip("/"))
+    return urls

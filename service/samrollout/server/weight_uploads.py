@@ -270,6 +270,10 @@ class WeightUploads:
 
     # --- what it holds -------------------------------------------------------------------------------------------
 
+    def open_uploads(self) -> list[Upload]:
+        """The uploads open now, oldest first."""
+        return list(self._uploads.values())
+
     def describe(self, upload: Upload) -> dict[str, Any]:
         """One upload as the API shows it: files, bytes, bounds, seconds until it expires if left idle."""
         return {"upload_id": upload.upload_id, "files": {n: size for n, (size, _) in sorted(upload.files.items())},

@@ -87,6 +87,10 @@ spec:
       value: {{ include "samrollout.envValue" $value }}
     {{- end }}
     {{- end }}
+    {{- if and .Values.weightFanOut.enabled (not (get .Values.server "weightPeers")) }}
+    - name: SAMROLLOUT_WEIGHT_PEERS
+      value: {{ printf "http://%s-headless.%s.svc:%d" (include "samrollout.fullname" .) .Release.Namespace (int64 .Values.server.port) | quote }}
+    {{- end }}
     - name: SAMROLLOUT_API_KEY
       valueFrom:
         secretKeyRef:

@@ -1,0 +1,185 @@
+"""A weight push to several servers: each file to every server (direct) against relayed server to server (fan-out).
+
+    python bench/weight_fanout.py --servers 3 --link-mb-s 0,125 --repeats 3 \\
+        --json bench/results/weight-fanout-cpu.json --plot bench/results/weight-fanout-cpu.png
+
+Starts ``--servers`` copies of `samrollout serve` with the built-in SmolLM2-135M (its bf16
+checkpoint, 269 MB), each naming all the others in ``--weight-peers``, and pushes that checkpoint
+to all of them with `push_weights` again and again, ``fan_out=False`` (the client sends every
+file to every server) and ``fan_out=True`` (the client sends each file once; the servers relay
+it along a chain), alternating, one warm-up of each first.  Each push is timed from the call
+until every server serves the new version; the upload (files sent and staged everywhere) and the
+load (commits) apart.
+
+The trainer's link: on one machine every server is a loopback away, so the link costs nothing
+and only the servers' work shows (``--link-mb-s 0``).  A positive ``--link-mb-s`` paces what the
+client reads from disk to that rate, shared by all its uploads (one network card): 125 MB/s is a
+1 Gbit/s link; the servers' links to one another are left at loopback speed (in a cluster each
+server has its own card).  The table shows, per link and mode, the median push and the bytes
+the client sent; the JSON keeps every round.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+MODES = {"direct": False, "fan-out": True}
+
+
+class LinkPacer:
+    """One network card of ``mb_per_s`` shared by every upload: each chunk waits for its turn on the wire."""
+
+    def __init__(self, mb_per_s: float) -> None:
+        self.bytes_per_s = mb_per_s * 1e6
+        self._free_at = 0.0
+
+    async def carry(self, size: int) -> None:
+        """Wait until ``size`` more bytes have gone through the link."""
+        now = time.monotonic()
+        self._free_at = max(self._free_at, now) + size / self.bytes_per_s
+        await asyncio.sleep(self._free_at - now)
+
+
+def pace_uploads(pacer: LinkPacer | None) -> None:
+    """Make every file the client sends go through ``pacer`` (None: as fast as loopback goes)."""
+    from samrollout_client.weights import WeightFile
+
+    original = WeightFile.__dict__.get("_unpaced_chunks") or WeightFile.chunks
+    WeightFile._unpaced_chunks = original  # type: ignore[attr-defined]
+
+    async def paced(self: WeightFile) -> AsyncIterator[bytes]:
+        async for chunk in original(self):
+            if pacer is not None:
+                await pacer.carry(len(chunk))
+            yield chunk
+
+    WeightFile.chunks = paced  # type: ignore[method-assign]
+
+
+def push_once(client: Any, model_dir: Path, version: str, fan_out: bool) -> dict[str, Any]:
+    """One push of the checkpoint to every server: seconds, upload and load apart, bytes the client sent, chains."""
+    push = client.push_weights(str(model_dir), version, fan_out=fan_out)
+    return {"seconds": push.seconds, "upload_s": push.upload_s, "load_s": push.load_s, "bytes": push.bytes,
+            "bytes_sent": push.bytes_sent, "copies_sent": len(push.relay_chains), "relay_chains": push.relay_chains}
+
+
+def median_round(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The median round by seconds, with the range and the mean."""
+    ordered = sorted(runs, key=lambda run: run["seconds"])
+    row = {k: v for k, v in ordered[(len(ordered) - 1) // 2].items() if k != "relay_chains"}
+    row["seconds_min"], row["seconds_max"] = ordered[0]["seconds"], ordered[-1]["seconds"]
+    row["seconds_mean"] = statistics.fmean(run["seconds"] for run in runs)
+    return row
+
+
+def plot(results: dict[str, dict[str, dict[str, Any]]], servers: int, path: str) -> None:
+    """Bars: upload and load seconds per mode, one panel per link."""
+    from plotting import save, subplots
+
+    links = list(results)
+    fig, axes = subplots(1, len(links), figsize=(4.5 * len(links), 3.6), squeeze=False)
+    for ax, link in zip(axes[0], links, strict=True):
+        modes = list(results[link])
+        uploads = [results[link][m]["upload_s"] for m in modes]
+        loads = [results[link][m]["load_s"] for m in modes]
+        ax.bar(modes, uploads, label="upload")
+        ax.bar(modes, loads, bottom=uploads, label="load (commits)")
+        for i, mode in enumerate(modes):
+            row = results[link][mode]
+            ax.annotate(f"{row['bytes_sent'] / 1e6:.0f} MB sent", (i, row["upload_s"] + row["load_s"]),
+                        ha="center", va="bottom", fontsize=8)
+        ax.set_title(f"trainer link: {link}")
+        ax.set_ylabel("seconds per push (median)")
+    axes[0][0].legend(loc="lower right", fontsize=8)
+    fig.suptitle(f"SmolLM2-135M checkpoint pushed to {servers} servers")
+    save(fig, path)
+
+
+def main() -> None:
+    """Start the servers, push in both modes for every link, print the table, write the JSON (and the plot)."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--servers", type=int, default=4)
+    parser.add_argument("--link-mb-s", type=lambda s: [float(x) for x in s.split(",")], default=[0.0, 125.0],
+                        help="the trainer's link in MB/s, comma-separated (0: unpaced loopback)")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--json", dest="json_path")
+    parser.add_argument("--plot", dest="plot_path")
+    args = parser.parse_args()
+
+    from samrollout.models import ensure_smollm2
+    from samrollout.testing import free_port, launch_server
+    from samrollout_client import RolloutClient
+
+    model_dir = ensure_smollm2()
+    checkpoint_bytes = sum(f.stat().st_size for f in model_dir.glob("*.safetensors"))
+    ports = [free_port() for _ in range(args.servers)]
+    servers = []
+    for i, port in enumerate(ports):
+        peers = ",".join(f"http://127.0.0.1:{p}" for p in ports if p != port)
+        log = Path(f"/tmp/samrollout-weight-fanout-{i}.log")
+        servers.append(launch_server(["--served-model-name", "bench", "--max-model-len", "1024",
+                                      "--gpu-memory-utilization", "0.1", "--log-level", "warning",
+                                      "--weight-peers", peers], log, port=port))
+    print(f"starting {args.servers} servers (logs: /tmp/samrollout-weight-fanout-*.log) ...", file=sys.stderr,
+          flush=True)
+    rounds: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    try:
+        for server in servers:
+            server.ready()
+        with RolloutClient([s.url for s in servers], model="bench") as client:
+            counter = 0
+            for link in args.link_mb_s:
+                name = f"{link:g} MB/s" if link else "loopback"
+                pace_uploads(LinkPacer(link) if link else None)
+                rounds[name] = {mode: [] for mode in MODES}
+                for fan_out in MODES.values():  # warm-up: not counted
+                    counter += 1
+                    push_once(client, model_dir, f"warm-{counter}", fan_out)
+                for round_ in range(args.repeats):
+                    order = list(MODES) if round_ % 2 == 0 else list(reversed(MODES))
+                    for mode in order:
+                        counter += 1
+                        run = push_once(client, model_dir, f"v{counter}", MODES[mode])
+                        print(f"{name} round {round_ + 1}/{args.repeats} {mode}: {run['seconds']:.2f} s "
+                              f"({run['bytes_sent'] / 1e6:.0f} MB sent)", file=sys.stderr, flush=True)
+                        rounds[name][mode].append(run)
+    finally:
+        for server in servers:
+            server.stop()
+
+    results = {link: {mode: median_round(runs) for mode, runs in by_mode.items()} for link, by_mode in rounds.items()}
+    print(f"\ncheckpoint: {checkpoint_bytes / 1e6:.1f} MB to {args.servers} servers; median of {args.repeats} "
+          "rounds (range)")
+    print(f"{'trainer link':<14}{'mode':<9}{'push s':>8}{'range s':>15}{'upload s':>10}{'load s':>8}"
+          f"{'client MB sent':>16}{'copies':>8}")
+    for link, by_mode in results.items():
+        for mode, row in by_mode.items():
+            print(f"{link:<14}{mode:<9}{row['seconds']:>8.2f}{row['seconds_min']:>7.2f}-{row['seconds_max']:<7.2f}"
+                  f"{row['upload_s']:>10.2f}{row['load_s']:>8.2f}{row['bytes_sent'] / 1e6:>16.0f}"
+                  f"{row['copies_sent']:>8}")
+        direct, fanned = by_mode["direct"], by_mode["fan-out"]
+        print(f"{'':<14}fan-out: {direct['bytes_sent'] / fanned['bytes_sent']:.1f}x fewer bytes on the link, "
+              f"push {direct['seconds'] / fanned['seconds']:.2f}x as fast")
+    result = {"model": "SmolLM2-135M-Instruct (built-in, bf16)", "checkpoint_bytes": checkpoint_bytes,
+              "servers": args.servers, "repeats": args.repeats, "links_mb_s": args.link_mb_s, "results": results,
+              "rounds": rounds, "cpu_count": os.cpu_count(), "machine": platform.processor() or platform.machine(),
+              "transport": "loopback HTTP; the trainer's link paced in the client (0: unpaced)"}
+    if args.json_path:
+        Path(args.json_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json_path).write_text(json.dumps(result, indent=2) + "\n")
+    if args.plot_path:
+        plot(results, args.servers, args.plot_path)
+
+
+if __name__ == "__main__":
+    main()
