@@ -8,11 +8,11 @@ import queue
 import subprocess
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 
@@ -56,6 +56,7 @@ class EngineRun:
     workdir: Path
     engine: dict[str, Any] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
+    expected_s: float = 0.0  # about how long it runs on one CPU: `planned_engine_runs` starts the longest first
 
 
 def run_engine_jobs(model: Path, speculation: dict[str, Any] | None, jobs: list[dict[str, Any]],
@@ -79,22 +80,71 @@ def run_engines_together(runs: Sequence[EngineRun]) -> list[dict[str, Any]]:
     must use the same function: each runs with as many compute threads as it has CPUs.  Engines running at once
     share `ENGINE`'s memory reservation (a run may set its own).
     """
+    results: list[dict[str, Any]] = []
+    for outcome in _run_together(runs):
+        if isinstance(outcome, Exception):
+            raise outcome
+        results.append(outcome)
+    return results
+
+
+def _run_together(runs: Sequence[EngineRun]) -> list[dict[str, Any] | Exception]:
+    """`run_engines_together`, each run's error in its place instead of raised (the other runs go on)."""
     cpus = sorted(os.sched_getaffinity(0))
     slots = max(1, min(len(runs), len(cpus)))
     free: queue.SimpleQueue[list[int]] = queue.SimpleQueue()
-    for group in range(slots):  # disjoint CPU groups, one per engine running
-        free.put(cpus[group::slots])
+    for group in range(slots):  # disjoint CPU groups of one size (the same function), one per engine running
+        free.put(cpus[group::slots][:len(cpus) // slots])
     share = {"gpu_memory_utilization": ENGINE["gpu_memory_utilization"] / slots}
 
-    def on_free_cpus(run: EngineRun) -> dict[str, Any]:
+    def on_free_cpus(run: EngineRun) -> dict[str, Any] | Exception:
         group = free.get()
         try:
             return _run(replace(run, engine={**share, **run.engine}), group)
+        except Exception as error:  # handed back in its run's place
+            return error
         finally:
             free.put(group)
 
     with ThreadPoolExecutor(max_workers=slots) as pool:
         return list(pool.map(on_free_cpus, runs))
+
+
+EnginePlan = Callable[[Path, Path, Path], dict[str, EngineRun]]
+"""A module's ``engine_plan(tiny_dir, smollm2_dir, workdir)``: the engine runs its tests compare, by name."""
+
+
+@pytest.fixture(scope="session")
+def planned_engine_runs(request: pytest.FixtureRequest, tiny_dir: Path, smollm2_dir: Path,
+                        tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, dict[str, Any] | Exception]]:
+    """Every collected module's `EnginePlan` (its ``engine_plan``) run once, in one pool: module -> run -> JSON.
+
+    One `run_engines_together` for all of them, the longest runs first (`EngineRun.expected_s`): run per
+    module, each module's last engine ran alone with the other CPUs idle (about a minute of one of two CPUs
+    for the SmolLM2 runs of test_sampled_exactness.py); in one pool, the short runs of the other module fill
+    them.  A run that fails fails the tests of its own module only (`planned_runs` raises it there).
+    """
+    plans: dict[str, EnginePlan] = {}
+    for item in request.session.items:
+        module = getattr(item, "module", None)
+        if module is not None and hasattr(module, "engine_plan"):
+            plans.setdefault(module.__name__, module.engine_plan)
+    runs = {(module, name): run for module, plan in plans.items()
+            for name, run in plan(tiny_dir, smollm2_dir, tmp_path_factory.mktemp(module)).items()}
+    order = sorted(runs, key=lambda key: -runs[key].expected_s)  # stable: a plan's order among equals
+    outcomes = dict(zip(order, _run_together([runs[key] for key in order]),
+                        strict=True))
+    return {module: {name: outcomes[module, name] for (owner, name) in runs if owner == module} for module in plans}
+
+
+def planned_runs(planned: dict[str, dict[str, dict[str, Any] | Exception]], module: str) -> dict[str, dict[str, Any]]:
+    """Module ``module``'s runs from `planned_engine_runs` (its JSON by run name); raises the first that failed."""
+    runs: dict[str, dict[str, Any]] = {}
+    for name, outcome in planned[module].items():
+        if isinstance(outcome, Exception):
+            raise outcome
+        runs[name] = outcome
+    return runs
 
 
 def _run(run: EngineRun, cpus: list[int]) -> dict[str, Any]:
@@ -163,37 +213,143 @@ def second_tiny_server_with_peer_args(tiny_dir: Path) -> list[str]:
 # modules' engines).
 SHARED_SERVERS = {"tiny_server": tiny_server_args, "second_tiny_server": second_tiny_server_with_peer_args,
                   "tiny_server_to_kill": second_tiny_server_args}
+ServerArgs = Callable[[Path], list[str]]
+"""A server's ``samrollout serve`` flags, given the tiny model's directory."""
+# Servers of their own modules (`server_fixture`), by fixture name: launched ahead of their first test.
+AHEAD_SERVERS: dict[str, ServerArgs] = {}
+# Launching servers ahead is held to this share of the machine's memory, counting every server alive: each
+# reserves its --gpu-memory-utilization (0.3 when not given: the CPU default) plus SERVER_PROCESS_MEMORY.
+AHEAD_MEMORY = 0.75
+SERVER_PROCESS_MEMORY = 0.07  # its three processes (API server, engine core, worker): about 1.7 GB of 24 GiB
 _launched: dict[str, Any] = {}  # fixture name -> ServerProcess launched, not yet handed to its fixture
 
 
-def pytest_collection_finish(session: pytest.Session) -> None:
-    """Launch the shared servers the collected tests need (the fixtures wait for them)."""
+@dataclass
+class _Launches:
+    """The servers launched here (`_launch`) and those still to launch ahead (`pytest_runtest_setup`)."""
+
+    alive: list[tuple[Any, float]] = field(default_factory=list)  # (ServerProcess, its memory share), ended or not
+    ahead: list[tuple[int, str]] = field(default_factory=list)  # (place of the first test it may launch at, name)
+    place: dict[str, int] = field(default_factory=dict)  # test node id -> its place in the run
+    current: int = -1  # the place of the test running
+    tiny: Path | None = None  # the tiny model's directory
+    logs: Path | None = None  # where their logs go
+
+    def held(self) -> float:
+        """The memory share of the servers launched here that are still running."""
+        return sum(share for server, share in self.alive if server.process.poll() is None)
+
+
+_launches = _Launches()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Register the ``engines`` marker (no server is launched ahead across such a test: `pytest_collection_finish`)."""
+    config.addinivalue_line("markers", "engines: the test runs vLLM engines of its own (run_engine_jobs, "
+                                       "run_engines_together): no server is launched ahead of a later test before it")
+
+
+def _memory_share(args: list[str]) -> float:
+    """The share of the machine's memory a server with flags ``args`` holds (`AHEAD_MEMORY`)."""
+    flag = "--gpu-memory-utilization"
+    reserved = float(args[args.index(flag) + 1]) if flag in args else 0.3
+    return reserved + SERVER_PROCESS_MEMORY
+
+
+def _launch(args: list[str], log: Path, port: int | None = None) -> Any:
+    """`samrollout.testing.launch_server` (returns at once; on ``port`` if given), the server counted in
+    `_launches`."""
     from samrollout.testing import launch_server
 
-    needed = [name for name in SHARED_SERVERS if any(name in getattr(item, "fixturenames", ())
-                                                     for item in session.items)]
-    if not needed or session.config.option.collectonly:
+    server = launch_server(args, log, port=port)
+    _launches.alive.append((server, _memory_share(args)))
+    return server
+
+
+def _runs_engines(item: pytest.Item) -> bool:
+    return "planned_engine_runs" in getattr(item, "fixturenames", ()) or item.get_closest_marker("engines") is not None
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Launch the shared servers the collected tests need (the fixtures wait for them), and plan when to launch
+    each `AHEAD_SERVERS` server: from the test after the last one before its first test that runs engines of its
+    own (their memory), in the order of their first tests, within `AHEAD_MEMORY` (`pytest_runtest_setup`)."""
+    if session.config.option.collectonly:
         return
-    tiny = build_tiny_model(cache_root() / "models" / "tiny-random-llama", ensure_smollm2())
-    logs = Path(tempfile.mkdtemp(prefix="samrollout-test-servers-"))
+    items = session.items
+    needed = [name for name in SHARED_SERVERS if any(name in getattr(item, "fixturenames", ()) for item in items)]
+    firsts = {}
+    for name in AHEAD_SERVERS:
+        firsts[name] = next((i for i, item in enumerate(items) if name in getattr(item, "fixturenames", ())), None)
+    for name, first in sorted(((n, f) for n, f in firsts.items() if f is not None), key=lambda entry: entry[1]):
+        barrier = max((i for i in range(first) if _runs_engines(items[i])), default=-1)
+        _launches.ahead.append((barrier + 1, name))
+    if not needed and not _launches.ahead:
+        return
+    _launches.place.update((item.nodeid, i) for i, item in enumerate(items))
+    _launches.tiny = build_tiny_model(cache_root() / "models" / "tiny-random-llama", ensure_smollm2())
+    _launches.logs = Path(tempfile.mkdtemp(prefix="samrollout-test-servers-"))
     for name in needed:
-        _launched[name] = launch_server(SHARED_SERVERS[name](tiny), logs / f"{name}.log", port=PEER_PORTS.get(name))
+        _launched[name] = _launch(SHARED_SERVERS[name](_launches.tiny), _launches.logs / f"{name}.log",
+                                  PEER_PORTS.get(name))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Before ``item``'s fixtures: launch the next `AHEAD_SERVERS` server if its turn has come (`_launch_ahead`)."""
+    _launches.current = _launches.place.get(item.nodeid, -1)
+    _launch_ahead()
+
+
+def _launch_ahead() -> None:
+    """Launch the next `AHEAD_SERVERS` servers (in the order of their first tests) that the test running may launch,
+    while the servers alive then hold at most `AHEAD_MEMORY` of the machine's memory (else tried again before the
+    next test, and as a server is taken)."""
+    while _launches.ahead and _launches.ahead[0][0] <= _launches.current and _launches.tiny and _launches.logs:
+        name = _launches.ahead[0][1]
+        args = AHEAD_SERVERS[name](_launches.tiny)
+        if _launches.held() + _memory_share(args) > AHEAD_MEMORY:
+            return
+        _launches.ahead.pop(0)
+        _launched[name] = _launch(args, _launches.logs / f"{name}.log")
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    """Stop the shared servers launched for tests that never ran (a run stopped early)."""
+    """Stop the servers launched for tests that never ran (a run stopped early)."""
     while _launched:
         _launched.popitem()[1].stop()
 
 
 def shared_server(name: str, tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
     """The shared server ``name`` once it answers: the one launched at the session's start, else started now."""
-    from samrollout.testing import launch_server
+    return take_server(name, SHARED_SERVERS[name], tiny_dir, tmp_path_factory)
 
-    server = _launched.pop(name, None) or launch_server(SHARED_SERVERS[name](tiny_dir),
-                                                        tmp_path_factory.mktemp(name) / "server.log",
-                                                        port=PEER_PORTS.get(name))
-    return server.ready()
+
+def take_server(name: str, args: ServerArgs, tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The server ``name`` once it answers: the one launched ahead for it, else one with flags ``args`` now."""
+    server = _launched.pop(name, None) or _launch(args(tiny_dir), tmp_path_factory.mktemp(name) / "server.log",
+                                                  PEER_PORTS.get(name))
+    server.ready()
+    _launch_ahead()  # the next one may start now
+    return server
+
+
+def server_fixture(name: str, args: ServerArgs, scope: Literal["module", "function"] = "module") -> Any:
+    """A fixture ``name``: `samrollout serve` with flags ``args``, launched ahead of its first test
+    (`AHEAD_SERVERS`), stopped with SIGTERM after its last.
+
+    For a module's own server: its start (about 45 s, mostly single-threaded imports) overlaps the tests
+    before it instead of leaving a CPU idle.
+    """
+    AHEAD_SERVERS[name] = args
+
+    @pytest.fixture(scope=scope, name=name)
+    def fixture(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+        server = take_server(name, args, tiny_dir, tmp_path_factory)
+        yield server
+        server.stop()
+
+    return fixture
 
 
 @pytest.fixture(scope="session")

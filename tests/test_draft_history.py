@@ -177,6 +177,7 @@ CONFIDENT_PAST_THE_THRESHOLD = {"k": 3, "threshold_mode": "static", "draft_range
 HISTORY_PROMPTS = [f"Epoch prompt {i}: list the steps to solve problem {i * 7} carefully." for i in range(12)]
 
 
+@pytest.mark.engines
 def test_with_confident_drafts_past_the_threshold_earlier_responses_join_while_the_batch_is_big(
         tiny_dir: Path, tmp_path: Path) -> None:
     greedy = {"temperature": 0, "max_tokens": 64, "ignore_eos": True}

@@ -33,6 +33,7 @@ JOBS: list[dict[str, Any]] = [
                                                           "seed": 1}},
 ]
 # 24 blocks x 32 tokens for sequences of up to ~110 tokens: vLLM preempts and resumes some of them.
+pytestmark = pytest.mark.engines  # its module fixture runs an engine (`draft_log`)
 ENGINE = {"max_model_len": 256, "num_gpu_blocks_override": 24, "block_size": 32, "max_num_seqs": 32}
 
 

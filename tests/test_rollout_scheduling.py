@@ -10,27 +10,26 @@ from typing import Any
 import httpx
 import pytest
 
-from conftest import API_KEY, TINY_CONTEXT, TINY_SERVER_MEMORY
+from conftest import API_KEY, TINY_CONTEXT, TINY_SERVER_MEMORY, server_fixture
 from samrollout.server.admission import AdmissionScheduler
 from samrollout.server.length_predictor import LengthPredictor, prompt_key
 from samrollout.spec_decode.stats import ProposerStats
-from samrollout.testing import ServerProcess, start_server
+from samrollout.testing import ServerProcess
 from support.frozen_engine import counter, frozen, step_until
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 CAPACITY = 4  # the length-aware server's --max-num-seqs (the server admits one more): most test traffic queues
 
 
-@pytest.fixture(scope="module")
-def length_aware_server(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+def length_aware_server_args(tiny_dir: Path) -> list[str]:
     """The tiny server's settings plus --rollout-scheduling length-aware and only CAPACITY engine slots."""
-    server = start_server(["--model", str(tiny_dir), "--served-model-name", "tiny", "--api-key", API_KEY,
-                           "--max-model-len", str(TINY_CONTEXT), "--max-n", "16", "--dtype", "float32",
-                           "--gpu-memory-utilization", str(TINY_SERVER_MEMORY), "--threshold-mode", "static",
-                           "--rollout-scheduling", "length-aware", "--max-num-seqs", str(CAPACITY)],
-                          tmp_path_factory.mktemp("length-aware") / "server.log")
-    yield server
-    server.stop()
+    return ["--model", str(tiny_dir), "--served-model-name", "tiny", "--api-key", API_KEY,
+            "--max-model-len", str(TINY_CONTEXT), "--max-n", "16", "--dtype", "float32",
+            "--gpu-memory-utilization", str(TINY_SERVER_MEMORY), "--threshold-mode", "static",
+            "--rollout-scheduling", "length-aware", "--max-num-seqs", str(CAPACITY)]
+
+
+length_aware_server = server_fixture("length_aware_server", length_aware_server_args)
 
 
 async def _post_all(url: str, bodies: list[dict[str, Any]]) -> list[dict[str, Any]]:

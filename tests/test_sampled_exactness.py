@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 from scipy.stats import chi2_contingency
 
-from conftest import EngineRun, run_engines_together
+from conftest import EngineRun, planned_runs
 from samrollout.spec_decode.stats import ProposerStats
 
 SAM_SAMPLED = {"k": 3, "threshold_mode": "off", "group_drafting": True, "sampled_requests": "draft",
@@ -45,25 +45,28 @@ JOBS: list[dict[str, Any]] = [
 # 256 short sequences need little KV cache: a small reservation leaves memory to other engines running.
 ENGINE = {"max_num_seqs": 256, "max_num_batched_tokens": 16384, "gpu_memory_utilization": 0.12}
 FIX = "samrollout_cpu_sampled_verification"
+# Each run's time on one of 2 busy CPUs (`EngineRun.expected_s`; measured: 97, 126 and 85 s).
+EXPECTED_S = {"off": 100.0, "on": 125.0, "unfixed": 85.0}
 
 
-@pytest.fixture(scope="module")
-def engine_runs(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
-    """Speculation off, SAM on, and SAM on without samrollout's CPU verification fix: fresh engines, side by side
-    (`run_engines_together`: their start-ups overlap; the distributions compared do not depend on the threads)."""
-    base = tmp_path_factory.mktemp("sampled")
+def engine_plan(tiny_dir: Path, smollm2_dir: Path, base: Path) -> dict[str, EngineRun]:
+    """Speculation off, SAM on, and SAM on without samrollout's CPU verification fix: fresh engines, run side by
+    side with the other exactness module's (`planned_engine_runs`: their start-ups overlap; the distributions
+    compared do not depend on the threads)."""
     plugins = sorted(e.name for e in importlib.metadata.entry_points(group="vllm.general_plugins") if e.name != FIX)
     # Temperature 1 only (garbled top-k values can crash the engine), all its samples: how much of the bias shows
     # varies from run to run (the smallest p over three runs: 3e-7 to 3e-10 with all of them; with half, one run
     # in a few missed 1e-4).
     (t1,) = [job for job in JOBS if job["name"] == "t1"]
-    names = ("off", "on", "unfixed")
-    runs = run_engines_together([
-        EngineRun(smollm2_dir, None, JOBS, base / "off", ENGINE),
-        EngineRun(smollm2_dir, SAM_SAMPLED, JOBS, base / "on", ENGINE),
-        EngineRun(smollm2_dir, SAM_SAMPLED, [t1], base / "unfixed", ENGINE, env={"VLLM_PLUGINS": ",".join(plugins)}),
-    ])
-    return dict(zip(names, runs, strict=True))
+    return {"off": EngineRun(smollm2_dir, None, JOBS, base / "off", ENGINE, expected_s=EXPECTED_S["off"]),
+            "on": EngineRun(smollm2_dir, SAM_SAMPLED, JOBS, base / "on", ENGINE, expected_s=EXPECTED_S["on"]),
+            "unfixed": EngineRun(smollm2_dir, SAM_SAMPLED, [t1], base / "unfixed", ENGINE,
+                                 env={"VLLM_PLUGINS": ",".join(plugins)}, expected_s=EXPECTED_S["unfixed"])}
+
+
+@pytest.fixture(scope="module")
+def engine_runs(planned_engine_runs: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return planned_runs(planned_engine_runs, __name__)
 
 
 @pytest.fixture(scope="module")

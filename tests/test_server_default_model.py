@@ -9,16 +9,17 @@ from typing import Any
 
 import httpx
 import openai
-import pytest
 
-from samrollout.testing import ServerProcess, start_server
+from conftest import server_fixture
+from samrollout.testing import ServerProcess
 
 
-@pytest.fixture(scope="module")
-def default_server(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
-    server = start_server([], tmp_path_factory.mktemp("default-server") / "server.log")  # no flags: the default
-    yield server
-    server.stop()
+def default_server_args(tiny_dir: Path) -> list[str]:
+    """No flags: the default (the built-in SmolLM2, SAM on)."""
+    return []
+
+
+default_server = server_fixture("default_server", default_server_args)
 
 
 def test_readme_command_serves_the_builtin_model_to_the_openai_client(default_server: ServerProcess) -> None:

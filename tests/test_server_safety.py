@@ -15,7 +15,6 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +23,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from conftest import API_KEY, TINY_SERVER_MEMORY
-from samrollout.testing import ServerProcess, start_server
+from conftest import API_KEY, TINY_SERVER_MEMORY, server_fixture
+from samrollout.testing import ServerProcess
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 HEADER_TIMEOUT_S = 2
@@ -35,19 +34,18 @@ SLOTS, QUEUED = 4, 4
 SHUTDOWN_TIMEOUT_S = 10
 
 
-@pytest.fixture(scope="module")
-def guarded_server(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+def guarded_server_args(tiny_dir: Path) -> list[str]:
     """The tiny model behind small connection, queue and header limits, with the weight value check off."""
-    log = tmp_path_factory.mktemp("guarded-server") / "server.log"
-    server = start_server(["--model", str(tiny_dir), "--served-model-name", "tiny", "--api-key", API_KEY,
-                           "--max-model-len", "512", "--dtype", "float32",
-                           "--gpu-memory-utilization", str(TINY_SERVER_MEMORY),
-                           "--header-timeout", str(HEADER_TIMEOUT_S), "--body-timeout", str(BODY_TIMEOUT_S),
-                           "--max-connections", str(MAX_CONNECTIONS),
-                           "--max-num-seqs", str(SLOTS), "--max-queued-requests", str(QUEUED),
-                           "--shutdown-timeout", str(SHUTDOWN_TIMEOUT_S), "--no-weight-value-check"], log)
-    yield server
-    server.stop()
+    return ["--model", str(tiny_dir), "--served-model-name", "tiny", "--api-key", API_KEY,
+            "--max-model-len", "512", "--dtype", "float32",
+            "--gpu-memory-utilization", str(TINY_SERVER_MEMORY),
+            "--header-timeout", str(HEADER_TIMEOUT_S), "--body-timeout", str(BODY_TIMEOUT_S),
+            "--max-connections", str(MAX_CONNECTIONS),
+            "--max-num-seqs", str(SLOTS), "--max-queued-requests", str(QUEUED),
+            "--shutdown-timeout", str(SHUTDOWN_TIMEOUT_S), "--no-weight-value-check"]
+
+
+guarded_server = server_fixture("guarded_server", guarded_server_args)
 
 
 def _greedy(server: ServerProcess, prompt: str = "the same prompt", max_tokens: int = 12) -> list[int]:

@@ -151,6 +151,7 @@ def test_siblings_are_found_from_the_group_field_or_the_n_child_request_id(reque
     assert group_of(request_id, extra_args) == group
 
 
+@pytest.mark.engines
 def test_without_confident_drafts_vllms_batch_size_schedule_drafts_only_in_the_tail(
         tiny_dir: Path, tmp_path: Path) -> None:
     # 16 greedy requests at once (past the threshold of 8: vLLM's schedule gives them no drafts), then 2 (the tail).

@@ -63,7 +63,7 @@ class ServerProcess:
         Raises `RuntimeError` (with the log's tail) if it exits first or never answers (it is then stopped).
         """
         deadline = self.started + START_TIMEOUT_S
-        while time.monotonic() < deadline:
+        while True:  # asked at least once: a server launched long before it is needed may be ready
             if self.process.poll() is not None:
                 raise RuntimeError(f"server exited with {self.process.returncode}:\n{self.log_tail()}")
             try:
@@ -71,6 +71,8 @@ class ServerProcess:
                     return self
             except httpx.HTTPError:
                 pass
+            if time.monotonic() >= deadline:
+                break
             time.sleep(1.0)
         self.stop()
         raise RuntimeError(f"server did not answer within {START_TIMEOUT_S} s:\n{self.log_tail()}")
