@@ -44,18 +44,15 @@ class Transport:
 
     async def post(self, endpoint: Endpoint, path: str, body: dict[str, Any] | None) -> dict[str, Any]:
         """POST and decode; 4xx -> `RequestRejected`, 429 -> `Busy`, connection problems and 5xx -> `Retryable`."""
-        try:
-            reply = await self.http.post(f"{endpoint.url}{path}", json=body)
-        except RETRYABLE_ERRORS as error:
-            raise Retryable(f"{endpoint.url}: {type(error).__name__}: {error}") from None
-        check_status(endpoint, reply)
-        result: dict[str, Any] = reply.json()
-        return result
+        return await self._call("POST", endpoint, path, body)
 
     async def get(self, endpoint: Endpoint, path: str) -> dict[str, Any]:
         """GET and decode, failures as for `post`."""
+        return await self._call("GET", endpoint, path, None)
+
+    async def _call(self, method: str, endpoint: Endpoint, path: str, body: dict[str, Any] | None) -> dict[str, Any]:
         try:
-            reply = await self.http.get(f"{endpoint.url}{path}")
+            reply = await self.http.request(method, f"{endpoint.url}{path}", json=body)
         except RETRYABLE_ERRORS as error:
             raise Retryable(f"{endpoint.url}: {type(error).__name__}: {error}") from None
         check_status(endpoint, reply)

@@ -32,6 +32,7 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx
 
 from samrollout.server.errors import ApiError
+from samrollout_client.errors import error_message
 from samrollout_client.weights import MAX_RELAY_HOPS, RELAY_HEADER, SERVER_ID_PATTERN, SHA256_HEADER
 
 logger = logging.getLogger("samrollout.server")
@@ -195,9 +196,10 @@ class Relay:
         """
         with contextlib.suppress(Exception):
             await self._sending
-        reply = self._result()
+        if not self._succeeded():
+            raise self._failure()
         first = self.hops[0]
-        body = reply.json()
+        body = self._sending.result().json()
         confirmed = {"server_id": first.server_id, "upload_id": first.upload_id, "bytes": body.get("bytes"),
                      "sha256": body.get("sha256")}
         return [confirmed, *body.get("relayed", [])]
@@ -206,17 +208,10 @@ class Relay:
         """Stop passing the file on (this hop failed): the next hop sees its sender go and stages nothing."""
         self._sending.cancel()
 
-    def _result(self) -> httpx.Response:
-        """The next hop's answer, if it was a success; else ApiError 502 naming the hop."""
-        if self._sending.cancelled():
-            raise self._failure()
-        error = self._sending.exception()
-        if error is not None:
-            raise self._failure()
-        reply = self._sending.result()
-        if reply.status_code >= 400:
-            raise self._failure()
-        return reply
+    def _succeeded(self) -> bool:
+        """Whether the next hop answered (the sending is done) with a success."""
+        return (not self._sending.cancelled() and self._sending.exception() is None
+                and self._sending.result().status_code < 400)
 
     def _failure(self) -> ApiError:
         """ApiError 502: what the next hop answered, or why it could not be reached."""
@@ -230,11 +225,7 @@ class Relay:
         if error is not None:
             return ApiError(502, f"{where} failed: {type(error).__name__}: {error}")
         reply = self._sending.result()
-        try:
-            detail = reply.json().get("error", {}).get("message", reply.text)
-        except ValueError:
-            detail = reply.text
-        return ApiError(502, f"{where} failed: {reply.status_code}: {str(detail)[:500]}")
+        return ApiError(502, f"{where} failed: {reply.status_code}: {error_message(reply, 500)}")
 
 
 def _once_each(peers: list[Peer], own_id: str) -> list[Peer]:

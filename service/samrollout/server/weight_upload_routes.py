@@ -117,13 +117,12 @@ async def put_weight_file(upload_id: str, file_name: str, request: Request,
         chunks = passing_on.tee(chunks)
     try:
         result = await runtime.weight_uploads.receive(upload_id, file_name, chunks, sha256, declared)
-    except ClientDisconnect:
+    except BaseException as error:
         if passing_on is not None:
             passing_on.abort()
-        raise ApiError(400, f"the client disconnected before {file_name} was complete; it is not staged") from None
-    except BaseException:
-        if passing_on is not None:
-            passing_on.abort()
+        if isinstance(error, ClientDisconnect):
+            raise ApiError(400, f"the client disconnected before {file_name} was complete; it is not staged") \
+                from None
         raise
     if passing_on is not None:
         result["relayed"] = await passing_on.finish()
