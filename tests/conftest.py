@@ -270,10 +270,18 @@ def _runs_engines(item: pytest.Item) -> bool:
     return "planned_engine_runs" in getattr(item, "fixturenames", ()) or item.get_closest_marker("engines") is not None
 
 
+_SESSION_ENVIRON = dict(os.environ)
+"""The environment before any test module was imported: some packages they import change it (AReaL sets
+OPENAI_API_KEY, OPENAI_BASE_URL and others), and the servers and clients of other modules must not inherit that."""
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """Launch the shared servers the collected tests need (the fixtures wait for them), and plan when to launch
-    each `AHEAD_SERVERS` server: from the test after the last one before its first test that runs engines of its
-    own (their memory), in the order of their first tests, within `AHEAD_MEMORY` (`pytest_runtest_setup`)."""
+    """Put back the environment the test modules' imports changed (`_SESSION_ENVIRON`); launch the shared servers
+    the collected tests need (the fixtures wait for them), and plan when to launch each `AHEAD_SERVERS` server: from
+    the test after the last one before its first test that runs engines of its own (their memory), in the order of
+    their first tests, within `AHEAD_MEMORY` (`pytest_runtest_setup`)."""
+    os.environ.clear()
+    os.environ.update(_SESSION_ENVIRON)
     if session.config.option.collectonly:
         return
     items = session.items

@@ -12,6 +12,7 @@ samrollout.spec_decode.cpu_sampled_verification patches) the same test finds the
 from __future__ import annotations
 
 import importlib.metadata
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import SimpleNamespace
@@ -35,6 +36,31 @@ ALPHA = 1e-3
 SETTINGS = {"t1": (1.0, None, None), "t07_topk6": (0.7, 6, None), "t13_topp08": (1.3, None, 0.8)}
 
 
+def _vllm_can_scan(value: Any) -> bool:
+    """Whether vLLM's kernel registration can read ``value`` (`dispatcher._rebind_kernels`: ``vars(value)``)."""
+    try:
+        if hasattr(value, "__dict__"):
+            vars(value).get("kernel")
+    except Exception:
+        return False
+    return True
+
+
+@contextmanager
+def _modules_vllm_can_scan() -> Iterator[None]:
+    """vLLM's CPU kernel registration reads every loaded module's globals, and some objects of packages the AReaL
+    tests import into this process break it (flask's context-bound ``request`` raises RuntimeError, a ``vars()``
+    that is not a dict): modules holding such values are out of ``sys.modules`` while it registers."""
+    hidden: dict[str, Any] = {}
+    for name, module in list(sys.modules.items()):
+        if not all(_vllm_can_scan(value) for value in list(getattr(module, "__dict__", {}).values())):
+            hidden[name] = sys.modules.pop(name)
+    try:
+        yield
+    finally:
+        sys.modules.update(hidden)
+
+
 def _registered() -> Any:
     """vLLM's rejection sampler module as an engine's worker runs it: the CPU kernel overrides registered,
     this patch and the no-draft-sampling one (a different function: they compose in either order) applied."""
@@ -42,7 +68,8 @@ def _registered() -> Any:
     from vllm.v1.sample import rejection_sampler
 
     if not hasattr(rejection_sampler.expand_kernel, "_impl"):
-        current_platform.register_triton_kernel_overrides()
+        with _modules_vllm_can_scan():
+            current_platform.register_triton_kernel_overrides()
     assert cpu_sampled_verification.patch(cpu_triton_utils) and no_draft_sampling.patch(rejection_sampler)
     assert rejection_sampler.expand_kernel._impl is cpu_triton_utils._expand_kernel_impl
     return rejection_sampler

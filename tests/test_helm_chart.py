@@ -626,6 +626,26 @@ def test_pods_are_each_others_weight_peers_through_a_headless_service(chart: hel
     assert [service["metadata"]["name"] for service in off.all("Service")] == [FULLNAME]
 
 
+def test_areal_routes_run_the_servers_without_a_key_that_areal_could_not_send(
+        chart: helm.Chart, monkeypatch: pytest.MonkeyPatch) -> None:
+    """server.arealRoutes: no API key (no Secret, no variable), served to the pod network on purpose, and the
+    server's own settings accept what the chart sets; the notes say to fence the pods off."""
+    release = render(chart, {"server": {"arealRoutes": True}, "apiKey": {"value": "ignored"}})
+    environ = _environ(release)
+    assert "SAMROLLOUT_API_KEY" not in environ and not release.all("Secret")
+    assert environ["SAMROLLOUT_AREAL_ROUTES"] == "true" and environ["SAMROLLOUT_ALLOW_UNAUTHENTICATED_ADMIN"] == "true"
+    assert "checksum/api-key" not in release.workload["spec"]["template"]["metadata"]["annotations"]
+    for field in ServerSettings.model_fields:
+        monkeypatch.delenv(f"SAMROLLOUT_{field.upper()}", raising=False)
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    settings = ServerSettings()  # would refuse a key, or no key on 0.0.0.0 without the override
+    assert settings.areal_routes and settings.api_key is None and settings.weight_version == "0"
+    assert "AReaL sends no API key" in release.notes and "NetworkPolicy" in release.notes
+    kept = render(chart, {"server": {"arealRoutes": True, "allowUnauthenticatedAdmin": False}})
+    assert kept.env["SAMROLLOUT_ALLOW_UNAUTHENTICATED_ADMIN"]["value"] == "false"  # set by hand: kept
+
+
 def test_statefulset_mode_runs_one_pod_per_node(chart: helm.Chart) -> None:
     release = render(chart, example("ascend"))
     workload = release.workload

@@ -88,6 +88,7 @@ def test_draft_range_flag_reaches_the_engine_and_auto_is_each_devices_projected_
     ([], {"SAMROLLOUT_DRAFT_RANGE": "8"}, "draft_range"),
     ([], {"SAMROLLOUT_WEIGHT_UPLOAD_IDLE_SECONDS": "0"}, "weight_upload_idle_seconds"),
     (["--weight-peers", "http://a:8000,10.0.0.2:8000"], {}, "weight_peers"),
+    (["--areal-routes", "--api-key", "k"], {}, "--areal-routes cannot be combined with --api-key"),
 ])
 def test_invalid_settings_stop_serve_at_start_up_naming_the_setting(flags: list[str], env: dict[str, str],
                                                                       named: str) -> None:
@@ -121,6 +122,18 @@ def test_other_hosts_need_a_key_or_the_explicit_override(host: str, monkeypatch:
     assert _settings("--host", host, "--allow-unauthenticated-admin").allow_unauthenticated_admin
     monkeypatch.setenv("SAMROLLOUT_ALLOW_UNAUTHENTICATED_ADMIN", "true")
     assert _settings("--host", host).api_key is None
+
+
+def test_areal_routes_are_off_by_default_and_start_at_areals_version_0(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--areal-routes`` (or SAMROLLOUT_AREAL_ROUTES) turns AReaL's routes on; the weights are then version 0, as
+    AReaL counts, unless --weight-version names one."""
+    for name in ("SAMROLLOUT_API_KEY", "SAMROLLOUT_AREAL_ROUTES", "SAMROLLOUT_WEIGHT_VERSION"):
+        monkeypatch.delenv(name, raising=False)
+    assert not _settings().areal_routes and _settings().weight_version == "initial"
+    assert _settings("--areal-routes").weight_version == "0"
+    assert _settings("--areal-routes", "--weight-version", "7").weight_version == "7"
+    monkeypatch.setenv("SAMROLLOUT_AREAL_ROUTES", "true")
+    assert _settings().areal_routes and _settings().weight_version == "0"
 
 
 def test_request_limits_have_documented_defaults_and_flags(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -119,25 +119,15 @@ async def step(request: Request, body: Step | None = None) -> dict[str, Any]:
 @router.post("/sleep", responses=ADMIN_ERRORS)
 async def sleep(request: Request, body: Sleep | None = None) -> dict[str, Any]:
     """Free accelerator memory (vLLM sleep mode; start the server with --vllm sleep mode on an accelerator)."""
-    runtime = _runtime(request)
-    if not runtime.state.vllm_config.model_config.enable_sleep_mode:
-        raise ApiError(409, "sleep mode is off: start the server with `-- --enable-sleep-mode` (CUDA or NPU only)")
     level = (body or Sleep()).level
-    await runtime.engine.sleep(level)
-    runtime.sleep_level = level
-    runtime.paused = True  # the engine pauses its scheduler to sleep
+    await _runtime(request).sleep(level)
     return {"sleeping": True, "level": level}
 
 
 @router.post("/wake", responses=ADMIN_ERRORS)
 async def wake(request: Request) -> dict[str, Any]:
     """Restore what /admin/sleep freed."""
-    runtime = _runtime(request)
-    if not runtime.state.vllm_config.model_config.enable_sleep_mode:
-        raise ApiError(409, "sleep mode is off: start the server with `-- --enable-sleep-mode` (CUDA or NPU only)")
-    await runtime.engine.wake_up()
-    runtime.sleep_level = None
-    runtime.paused = False  # a full wake resumes the engine's scheduler, even after /admin/pause
+    await _runtime(request).wake()
     return {"sleeping": False}
 
 
@@ -167,7 +157,8 @@ async def status(request: Request, drafter: bool = True) -> dict[str, Any]:
     ``?drafter=false`` leaves them out (``"drafter": null``), for polling the queue.  They are
     `ProposerStats.to_json` (``{}`` with speculation off).  ``last_weight_update`` is what the last weight
     update did and cost (`runtime.update_cost`: versions, mode, seconds generation was held, sequences
-    continued and tokens recomputed; null before the first).
+    continued and tokens recomputed; null before the first).  ``areal`` (with ``--areal-routes``, else null): whether
+    AReaL's pause holds new requests, what it did to those in flight, and how many wait (`generation_gate`).
     """
     runtime = _runtime(request)
     stats = await runtime.drafter_stats() if drafter else None
@@ -176,4 +167,5 @@ async def status(request: Request, drafter: bool = True) -> dict[str, Any]:
             "sleep_level": runtime.sleep_level, "in_flight_requests": len(runtime.inflight),
             "scheduling": runtime.scheduling_status(), "weight_uploads": runtime.weight_uploads.status(),
             "queue": runtime.queue.status(), "last_weight_update": runtime.last_update,
+            "areal": None if runtime.generation_gate is None else runtime.generation_gate.status(),
             "drafter": None if not drafter else {} if stats is None else stats.to_json()}

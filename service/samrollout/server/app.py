@@ -16,7 +16,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 from samrollout.metrics.aborts import count_api_aborts
 from samrollout.metrics.drafter import DRAFTER_METRICS
 from samrollout.metrics.http_errors import CountHttpErrors
-from samrollout.server import admin_routes, openai_routes, weight_upload_routes
+from samrollout.server import admin_routes, areal_routes, openai_routes, weight_upload_routes
 from samrollout.server.auth import require_api_key
 from samrollout.server.engine_watch import engine_dead, exit_when_engine_dies, start_up_heartbeat
 from samrollout.server.errors import error_response, install_error_handlers
@@ -64,6 +64,8 @@ def build_app(settings: ServerSettings) -> FastAPI:
     app.include_router(openai_routes.router)
     app.include_router(admin_routes.router)
     app.include_router(weight_upload_routes.router)
+    if settings.areal_routes:
+        app.include_router(areal_routes.router)
 
     @app.get("/health")
     async def health(request: Request) -> Response:

@@ -21,7 +21,7 @@ logger = logging.getLogger("samrollout.server")
 _TYPES = {400: "BadRequestError", 401: "AuthenticationError", 403: "PermissionDeniedError",
           404: "NotFoundError", 405: "MethodNotAllowed", 409: "ConflictError", 413: "RequestTooLarge",
           415: "UnsupportedMediaType", 422: "UnprocessableEntityError", 429: "RateLimitError",
-          503: "ServiceUnavailableError", 507: "InsufficientStorageError"}
+          501: "NotImplementedError", 503: "ServiceUnavailableError", 507: "InsufficientStorageError"}
 
 
 class ApiError(Exception):

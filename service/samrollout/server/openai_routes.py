@@ -58,6 +58,14 @@ def runtime_of(request: Request) -> ServerRuntime:
     return runtime
 
 
+async def open_runtime(request: Request) -> ServerRuntime:
+    """The server runtime, once AReaL's pause lets new generation through (at once without --areal-routes)."""
+    runtime = runtime_of(request)
+    if runtime.generation_gate is not None:
+        await runtime.generation_gate.wait()
+    return runtime
+
+
 def _prompt_token_lists(prompt: Any) -> list[list[int]]:
     """Token-id prompts in a completion request (text prompts are tokenized by vLLM)."""
     if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
@@ -244,7 +252,7 @@ async def _stream(runtime: ServerRuntime, chunks: AsyncIterator[str], endings: C
 @cancellable
 async def create_completion(request: RolloutCompletionRequest, raw_request: Request) -> Response:
     """OpenAI completions (text or token-id prompts, batches, n, seed, logprobs, echo, stream) with RL fields."""
-    runtime = runtime_of(raw_request)
+    runtime = await open_runtime(raw_request)
     prompts = _prompt_count(request.prompt)
     check_limits(runtime, request.n, _prompt_token_lists(request.prompt), prompts)
     runtime.queue.admit(raw_request.scope, prompts * (request.n or 1))  # 429 when the queue is full
@@ -260,7 +268,7 @@ async def create_completion(request: RolloutCompletionRequest, raw_request: Requ
 @cancellable
 async def create_chat_completion(request: RolloutChatCompletionRequest, raw_request: Request) -> Response:
     """OpenAI chat completions (the tokenizer's chat template) with RL fields."""
-    runtime = runtime_of(raw_request)
+    runtime = await open_runtime(raw_request)
     handler = runtime.state.openai_serving_chat
     if handler is None:
         raise ApiError(400, "this model has no chat template", "messages")

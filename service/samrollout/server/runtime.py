@@ -36,6 +36,7 @@ from samrollout.server.continuation import (
     sequences_in_flight,
 )
 from samrollout.server.errors import ApiError
+from samrollout.server.generation_gate import GenerationGate
 from samrollout.server.inflight import InflightRegistry
 from samrollout.server.length_predictor import LengthPredictor
 from samrollout.server.queue_limit import QueueLimit
@@ -135,6 +136,7 @@ class ServerRuntime:
     labels: WeightLabels | None = None       # which weight version produced each sequence (weight_labels)
     epoch: WeightEpoch = field(default_factory=WeightEpoch)  # prefix-cache salt by weight load (weight_epoch)
     last_update: dict[str, Any] | None = None  # the last weight update's `update_cost`, with its Unix time ("at")
+    generation_gate: GenerationGate | None = None  # AReaL's pause holds new requests here (--areal-routes)
 
     def __post_init__(self) -> None:
         """Label sequences the engine gives no version with this runtime's version (`weight_labels`)."""
@@ -163,6 +165,25 @@ class ServerRuntime:
         """Resume generation after `pause`."""
         await self.engine.resume_generation()
         self.paused = False
+
+    async def sleep(self, level: int) -> None:
+        """Free accelerator memory (vLLM sleep mode, level 1 or 2); 409 when the server runs without sleep mode."""
+        self._need_sleep_mode()
+        await self.engine.sleep(level)
+        self.sleep_level = level
+        self.paused = True  # the engine pauses its scheduler to sleep
+
+    async def wake(self, tags: list[str] | None = None) -> None:
+        """Restore what `sleep` freed: all of it, or only the ``tags`` named (vLLM's "weights", "kv_cache")."""
+        self._need_sleep_mode()
+        await self.engine.wake_up(tags)
+        if not tags or {"weights", "kv_cache"} <= set(tags):
+            self.sleep_level = None
+            self.paused = False  # a full wake resumes the engine's scheduler, even after a pause
+
+    def _need_sleep_mode(self) -> None:
+        if not self.state.vllm_config.model_config.enable_sleep_mode:
+            raise ApiError(409, "sleep mode is off: start the server with `-- --enable-sleep-mode` (CUDA or NPU only)")
 
     async def run_steps(self, steps: int) -> int:
         """Run the held engine ``steps`` model steps and hold it again ("keep"); the steps it ran (`engine_steps`).
@@ -371,6 +392,7 @@ async def start_runtime(settings: ServerSettings, state: State) -> ServerRuntime
                          expected_weights=layout,
                          rollouts=RolloutTracker(settings.threshold, settings.rollout_idle_seconds),
                          weight_uploads=uploads, labels=labels, epoch=epoch,
+                         generation_gate=GenerationGate() if settings.areal_routes else None,
                          weight_peers=WeightPeers(parse_peer_urls(settings.weight_peers), new_server_id(),
                                                   settings.api_key.get_secret_value() if settings.api_key else None,
                                                   settings.weight_upload_idle_seconds),

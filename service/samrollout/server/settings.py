@@ -154,6 +154,10 @@ class ServerSettings(BaseSettings):
         "http://rollout-1:8000; a name that resolves to several addresses, such as a headless service, stands "
         "for each): a push then crosses the trainer's link once, not once per server. Only these are ever "
         "contacted; none: pushes go directly to each server")
+    areal_routes: bool = Field(
+        False, description="also serve AReaL's inference-server routes (/areal_pause_generation, "
+        "/areal_update_weights, ...), so that AReaL's vLLM engine drives this server; AReaL sends no API key, so "
+        "this refuses --api-key; the weights start as version 0 unless --weight-version says otherwise")
     weight_value_check: bool = Field(
         True, description="refuse weight updates holding NaN or infinite values (reads every tensor once; off: "
         "for trainers that check their weights themselves)")
@@ -236,6 +240,20 @@ class ServerSettings(BaseSettings):
                 "the server could load weights and abort rollouts (/admin) and generate (/v1). Set --api-key "
                 "(SAMROLLOUT_API_KEY), listen on a loopback address (127.0.0.1, ::1, localhost), or pass "
                 "--allow-unauthenticated-admin (SAMROLLOUT_ALLOW_UNAUTHENTICATED_ADMIN=true) on a network you trust")
+        return self
+
+    @model_validator(mode="after")
+    def _areal_routes_without_key(self) -> Self:
+        """AReaL's engine sends no API key: refuse a key it could not send; start at AReaL's version 0."""
+        if not self.areal_routes:
+            return self
+        if self.api_key is not None:
+            raise ValueError(
+                "--areal-routes cannot be combined with --api-key: AReaL's engine sends no Authorization header, so "
+                "every request it made would be refused (401). Serve AReaL on a network only the job reaches "
+                "(docs/security.md)")
+        if "weight_version" not in self.model_fields_set:
+            self.weight_version = "0"  # AReaL's first version; its updates are 1, 2, ... (areal_routes)
         return self
 
     def speculation_config(self, device: DeviceKind) -> SpeculationConfig | None:

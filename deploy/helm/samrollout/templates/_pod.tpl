@@ -20,7 +20,7 @@ metadata:
     {{- end }}
   annotations:
     kubectl.kubernetes.io/default-container: samrollout
-    {{- if and (not .Values.apiKey.existingSecret) .Values.apiKey.value }}
+    {{- if and (not .Values.apiKey.existingSecret) .Values.apiKey.value (not (get .Values.server "arealRoutes")) }}
     checksum/api-key: {{ .Values.apiKey.value | sha256sum }}
     {{- end }}
     {{- with .Values.podAnnotations }}
@@ -91,11 +91,19 @@ spec:
     - name: SAMROLLOUT_WEIGHT_PEERS
       value: {{ printf "http://%s-headless.%s.svc:%d" (include "samrollout.fullname" .) .Release.Namespace (int64 .Values.server.port) | quote }}
     {{- end }}
+    {{- if (get .Values.server "arealRoutes") }}
+    {{- /* AReaL sends no API key (server.arealRoutes): no key, and served to the pod network on purpose */}}
+    {{- if not (hasKey .Values.server "allowUnauthenticatedAdmin") }}
+    - name: SAMROLLOUT_ALLOW_UNAUTHENTICATED_ADMIN
+      value: "true"
+    {{- end }}
+    {{- else }}
     - name: SAMROLLOUT_API_KEY
       valueFrom:
         secretKeyRef:
           name: {{ $apiKeySecret }}
           key: {{ .Values.apiKey.secretKey }}
+    {{- end }}
     - name: SAMROLLOUT_CACHE
       value: {{ printf "%s/%s" $mountPath .Values.modelVolume.cacheSubdir | quote }}
     {{- with .Values.modelVolume.hfHomeSubdir }}
