@@ -313,35 +313,12 @@ def test_pause_holds_new_requests_until_generation_continues(areal_server: Serve
     assert tokens and len(logprobs) == len(tokens)
 
 
-def test_samrollout_engine_keeps_a_prompts_responses_on_one_server(
-        areal_server: ServerProcess, areal_server_to_kill: ServerProcess, areal_names: None, tokenizer: Any) -> None:
-    """With two servers, each prompt's group goes to one server (the prompt's first by rendezvous hashing, loads
-    permitting), where AReaL's round robin spreads it."""
-    engine = start_engine(SamrolloutEngine, [areal_server, areal_server_to_kill], trial="groups")
-    inner = engine._engine
-    seen: dict[str, set[str]] = {}
-    original = inner._place
-
-    def place(req: ModelRequest) -> tuple[str, str]:
-        server, identity = original(req)
-        seen.setdefault(identity, set()).add(server)
-        return server, identity
-
-    inner._place = place
-    try:
-        texts = [f"Question {i}: what is {i} + {i}?" for i in range(4)]
-        engine.rollout_batch([question(text) for text in texts], workflow=workflow(tokenizer, temperature=1.0),
-                             group_size=3)
-    finally:
-        engine.destroy()
-    assert len(seen) == 4 and all(len(servers) == 1 for servers in seen.values()), seen
-
-
 def test_a_server_killed_mid_rollout(areal_server: ServerProcess, areal_server_to_kill: ServerProcess,
                                      areal_names: None, tokenizer: Any) -> None:
     """A server dies with responses in flight: AReaL's own engine fails them after its retries (and a pause then
     fails: AReaL keeps the dead server); `SamrolloutEngine` drops the server, starts those responses again on the
-    other one, and pauses and continues the servers left."""
+    other one, and pauses and continues the servers left.  Before that, the group of 3 (3 requests to AReaL) all
+    went to the prompt's server, where AReaL's round robin would have spread them."""
     servers = [areal_server, areal_server_to_kill]
     ours = start_engine(SamrolloutEngine, servers, trial="kill")
     stock = start_engine(RemotevLLMEngine, servers, trial="kill-stock")
