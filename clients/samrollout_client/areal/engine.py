@@ -96,13 +96,18 @@ class SamrolloutInfEngine(RemoteInfEngine):  # type: ignore[misc]  # AReaL ships
             return response
 
     def _place(self, req: ModelRequest) -> tuple[str, str]:
-        """The server for ``req`` (recorded where AReaL's generation looks it up) and its prompt's identity."""
+        """The server for ``req`` (recorded where AReaL's generation looks it up) and its prompt's identity: where
+        its prompt's other responses are, else where its request id went before (AReaL's multi-turn stickiness),
+        else the prompt's affine server."""
         identity = prompt_id(req.input_ids)
         place = self._prompts.get(identity)
         if place is None or place.server not in self.addresses:
             servers = list(self.addresses)
-            loads = [self._server_load.get(server, 0) for server in servers]
-            place = _PromptPlace(servers[place_affine(identity, servers, loads)])
+            earlier = self.rid_to_address.get(req.rid)  # a later turn of the same request: its server's cache
+            if earlier not in servers:
+                loads = [self._server_load.get(server, 0) for server in servers]
+                earlier = servers[place_affine(identity, servers, loads)]
+            place = _PromptPlace(earlier)
             self._prompts[identity] = place
         place.in_flight += 1
         self._server_load[place.server] = self._server_load.get(place.server, 0) + 1
