@@ -372,20 +372,12 @@ def test_areal_routes_refuse_nccl_updates_and_bad_checkpoints(areal_server: Serv
         assert client.get("/health").json()["weight_version"] == version
 
 
-def _none_in_flight(client: httpx.AsyncClient) -> Any:
-    async def check() -> bool:
-        return int((await status(client))["in_flight_requests"]) == 0
-    return check()
+async def _none_in_flight(client: httpx.AsyncClient) -> bool:
+    return int((await status(client))["in_flight_requests"]) == 0
 
 
-def _gate_holds(client: httpx.AsyncClient) -> Any:
-    async def check() -> bool:
-        return await _waiting_at_gate(client) >= 1
-    return check()
-
-
-async def _waiting_at_gate(client: httpx.AsyncClient) -> int:
-    return int((await status(client))["areal"]["waiting_requests"])
+async def _gate_holds(client: httpx.AsyncClient) -> bool:
+    return int((await status(client))["areal"]["waiting_requests"]) >= 1
 
 
 def _aborted(server: ServerProcess) -> float:

@@ -63,7 +63,6 @@ class SamrolloutInfEngine(RemoteInfEngine):  # type: ignore[misc]  # AReaL ships
         super().__init__(config, backend or SamrolloutBackend())
         self._prompts: dict[str, _PromptPlace] = {}
         self._pusher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="samrollout-weight-push")
-        self._server_load: dict[str, int] = {}
         self.dropped_servers: list[str] = []
         """Servers dropped after they stopped answering, in the order they were dropped."""
 
@@ -86,7 +85,7 @@ class SamrolloutInfEngine(RemoteInfEngine):  # type: ignore[misc]  # AReaL ships
                 continue
             finally:
                 REPLY_VERSIONS.reset(token)
-                self._leave(server, identity)
+                self._leave(identity)
             versions = collected.apply(list(response.output_versions))
             if versions is None:
                 logger.warning("request %s: the replies' versions do not add up to its %d tokens; AReaL's own are "
@@ -105,12 +104,11 @@ class SamrolloutInfEngine(RemoteInfEngine):  # type: ignore[misc]  # AReaL ships
             servers = list(self.addresses)
             earlier = self.rid_to_address.get(req.rid)  # a later turn of the same request: its server's cache
             if earlier not in servers:
-                loads = [self._server_load.get(server, 0) for server in servers]
-                earlier = servers[place_affine(identity, servers, loads)]
-            place = _PromptPlace(earlier)
+                earlier = servers[place_affine(identity, servers, self._loads(servers))]
+            # a prompt moved off a dropped server keeps counting its requests still on their way out
+            place = _PromptPlace(earlier, in_flight=0 if place is None else place.in_flight)
             self._prompts[identity] = place
         place.in_flight += 1
-        self._server_load[place.server] = self._server_load.get(place.server, 0) + 1
         if req.rid not in self.rid_to_address:
             if len(self.rid_queue) >= RID_CACHE_SIZE:
                 self.rid_to_address.pop(self.rid_queue.pop(0), None)
@@ -118,9 +116,16 @@ class SamrolloutInfEngine(RemoteInfEngine):  # type: ignore[misc]  # AReaL ships
         self.rid_to_address[req.rid] = place.server
         return place.server, identity
 
-    def _leave(self, server: str, identity: str) -> None:
-        """One request of the prompt ``identity`` on ``server`` is done; the prompt is placed afresh once none is."""
-        self._server_load[server] = max(0, self._server_load.get(server, 0) - 1)
+    def _loads(self, servers: list[str]) -> list[int]:
+        """The requests in flight on each of ``servers``, from the prompts placed there."""
+        loads = dict.fromkeys(servers, 0)
+        for place in self._prompts.values():
+            if place.server in loads:
+                loads[place.server] += place.in_flight
+        return [loads[server] for server in servers]
+
+    def _leave(self, identity: str) -> None:
+        """One request of the prompt ``identity`` is done; the prompt is placed afresh once none is."""
         place = self._prompts.get(identity)
         if place is not None:
             place.in_flight -= 1

@@ -10,7 +10,7 @@ answers the routes that engine calls:
   tokens appended), or, with ``{"in_flight": "continue"}`` (what `samrollout_client.areal`
   sends), frozen, to go on under the next weights within the same response.
 - ``POST /areal_update_weights`` ``{"model_path"}``: load the checkpoint AReaL saved
-  (`ServerRuntime.update_weights`, same checks as ``/admin/update_weights``), as version ``N``
+  (`ServerRuntime.load_weights`, same checks as ``/admin/update_weights``), as version ``N``
   when the directory is AReaL's ``weight_update_vN`` (AReaL sends no version).  In-flight
   requests frozen by a "continue" pause go on under the new weights; any others are aborted.
   The gate stays closed: the engine runs again, new requests wait for continue.
