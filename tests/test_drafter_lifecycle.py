@@ -146,10 +146,11 @@ def test_a_draft_comes_with_the_match_behind_it_and_its_source():
     drafter = SamDrafter(VOCAB, DraftPolicy(min_match_length=1))
     drafter.add_request("r", [1, 2, 3, 4, 1, 2, 3])
     drafter.add_request("fresh", [7])
-    assert drafter.propose("r", 2) == Draft([4, 1], 3, "own")
+    assert drafter.propose("r", 2) == Draft([4, 1], 3, "own", certain=2)  # "1 2 3" and "1 2 3 4" continued one way
     assert drafter.propose("fresh", 2) == Draft([], 0, None)
     step = drafter.step(["r", "fresh"], [[], []], 2)
-    assert (step.tokens, step.match_lengths, step.sources) == ([[4, 1], []], [3, 0], ["own", None])
+    assert (step.tokens, step.match_lengths, step.sources, step.certain) == ([[4, 1], []], [3, 0], ["own", None],
+                                                                             [2, 0])
     assert step[0] == drafter.propose("r", 2) and len(step) == 2
     handles = np.array([drafter.handle("r"), drafter.handle("fresh")], dtype=np.int64)
     arrays = drafter.step_arrays(handles, np.array([4], dtype=np.int32), np.array([0, 1, 1], dtype=np.int64), 3)

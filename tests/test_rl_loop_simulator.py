@@ -143,11 +143,24 @@ def test_a_partial_rollout_under_affine_placement_brings_every_prompt_back_to_it
     assert result.history_hits == result.history_groups
 
 
-def test_a_response_is_never_its_own_history() -> None:
-    # One epoch of random responses: nothing earlier to draft from, so drafts almost never land,
-    # however many steps and restarts (a restarted sample does not draft its own discarded text).
+def _global_memory(kind: str) -> Any:
+    """Drafters that keep every finished response, of any prompt: ours with its global index, vLLM `suffix`."""
+    if kind == "ours-global":
+        config = SpeculationConfig(max_draft=8, history_tokens=1 << 20, policy=DraftPolicy(max_global_tokens=1 << 20))
+        return lambda: SamReplayDrafter.as_engine("sam", VOCAB, config)
+    from samrollout.replay.registry import make_drafter
+
+    return lambda: make_drafter("suffix-cache", VOCAB)
+
+
+@pytest.mark.parametrize("drafter", ["ours", "ours-global", "suffix-cache"])
+def test_a_response_is_never_its_own_history(drafter: str) -> None:
+    # One epoch of random responses: nothing earlier to draft from, so drafts almost never land, however many
+    # steps and restarts.  A restarted sample replays its recorded tokens only as a stand-in for a new response
+    # of that length, so it drafts nothing: its first run is in every drafter that keeps finished responses.
     stream = epoch_stream(_prompts(16, [200, 200]), 1)
-    result = simulate_loop(stream, _ours(), 3, flat_table(), SimSettings(slots=8, charge_drafter=False),
+    factory = _ours() if drafter == "ours" else _global_memory(drafter)
+    result = simulate_loop(stream, factory, 8, flat_table(), SimSettings(slots=8, charge_drafter=False),
                            _loop("async-continue", 6, 2, max_staleness=0, train_s=0.3))
     assert result.restarted_samples > 0
     assert result.accepted / max(1, result.drafted) < 0.1
@@ -169,9 +182,12 @@ def test_simulate_rl_command_writes_every_loop_and_drafter_per_projection(tmp_pa
     for projection in projections:
         assert set(projection["modes"]) == {f"{loop}-{drafter}" for loop in ("sync", "async")
                                             for drafter in ("off", "suffix", "samrollout")}
-        assert all(mode["samples_per_s"] > 0 for mode in projection["modes"].values())
+        assert all(mode["samples_per_s"] > 0 and mode["tokens_per_s"] > 0 and mode["steady"]["tokens_per_s"] > 0
+                   for mode in projection["modes"].values())
         # Simulated slowest first, side by side: each report still lands under its own mode.
         assert all((mode["drafted"] == 0) == name.endswith("-off") for name, mode in projection["modes"].items())
         assert projection["weights"] == "push" and projection["staleness"] == 1
+    # One trainer: the training time comes from sync + off on the first placement, for every placement.
     assert projections[1]["train_s"] == pytest.approx(0.5 * projections[1]["sync_off_rollout_s"])
-    assert "samples/s" in proc.stdout
+    assert projections[3]["train_s"] == projections[1]["train_s"]
+    assert "tok/s" in proc.stdout and "steady" in proc.stdout

@@ -17,6 +17,7 @@ from samrollout.drafter import DraftPolicy
 from samrollout.replay.drafters import SamReplayDrafter
 from samrollout.replay.simulate import replay
 from samrollout.replay.traces import TraceGroup
+from samrollout.sim.cost import CostTable
 from samrollout.sim.rollout import SimSettings, simulate
 from support.cost_tables import STEP_MS, flat_table
 
@@ -134,17 +135,20 @@ def test_simulate_command_writes_a_projection_per_setting(tmp_path: Path) -> Non
     out = tmp_path / "projection.json"
     plot = tmp_path / "projection.png"
     cmd = [sys.executable, "-m", "samrollout.cli", "simulate", "--traces", "bench/data/smollm2-math-groups.jsonl.gz",
-           "--cost", "bench/results/verify-cost-h100.json", "--modes", "off,ngram,samrollout,samrollout+fcfs",
+           "--cost", "bench/results/verify-cost-h100.json",
+           "--modes", "off,ngram,samrollout,samrollout+fcfs,samrollout-static",
            "--slots", "8,16", "--max-groups", "3", "--responses", "all", "--json", str(out), "--plot", str(plot)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=Path(__file__).parent.parent)
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(out.read_text())
     assert [p["slots"] for p in report["projections"]] == [8, 16]
     for projection in report["projections"]:
-        assert set(projection["modes"]) == {"off", "ngram", "samrollout", "samrollout+fcfs"}
+        assert set(projection["modes"]) == {"off", "ngram", "samrollout", "samrollout+fcfs", "samrollout-static"}
         assert all(mode["makespan_s"] > 0 for mode in projection["modes"].values())
-        ours = projection["modes"]["samrollout"]  # the server's CUDA defaults
-        assert ours["config"]["threshold_mode"] == "static" and ours["config"]["critical_rows"] == 8
+        ours = projection["modes"]["samrollout"]  # the server's CUDA defaults: the adaptive policy, the H100 prior
+        assert ours["config"]["threshold_mode"] == "adaptive" and ours["config"]["cost_prior"].endswith(".json")
+        previous = projection["modes"]["samrollout-static"]["config"]  # the CUDA defaults before it
+        assert previous["threshold_mode"] == "static" and previous["critical_rows"] == 8
         assert ours["scheduling"] == "length-aware" and projection["modes"]["samrollout+fcfs"]["scheduling"] == "fcfs"
         assert ours["critical"]["length"] > 0
     assert report["device_kind"] == "cuda" and plot.stat().st_size > 0
@@ -156,3 +160,26 @@ def test_simulate_command_refuses_an_unknown_mode() -> None:
            "--cost", "bench/results/verify-cost-h100.json", "--modes", "off,warp-drive"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=Path(__file__).parent.parent)
     assert proc.returncode == 2 and "unknown mode 'warp-drive'" in proc.stderr
+
+
+def test_each_simulated_step_is_timed_before_the_drafter_sees_it_as_in_vllm() -> None:
+    # The proposer learns the step cost from the time between its calls, paired with the drafts verified in
+    # between: with the simulator's own table as its prior, a correctly paired clock leaves the fit on the table.
+    table = "bench/results/verify-cost-h100-k24.json"
+    config = SpeculationConfig(max_draft=16, cost_prior=table, history_tokens=0, policy=DraftPolicy(min_match_length=1))
+    drafters: list[SamReplayDrafter] = []
+
+    def factory() -> SamReplayDrafter:
+        drafters.append(SamReplayDrafter.as_engine("sam", VOCAB, config))
+        return drafters[-1]
+
+    def response(seed: int) -> np.ndarray:  # stretches of new text between loops: drafts of every length land
+        return np.concatenate([np.concatenate([_tokens(40, seed * 10 + j), np.tile(_tokens(6, seed + j), 12)])
+                               for j in range(8)])
+    loops = [TraceGroup(f"g{g}", _tokens(8, g), [response(10 * g + i) for i in range(4)]) for g in range(12)]
+    simulate(loops, factory, 16, CostTable.load(table), SimSettings(slots=64, charge_drafter=False), "sam")
+    cost = drafters[0].session.goodput.cost  # type: ignore[union-attr]
+    fits = cost.describe()
+    assert sum(fit[2] for fit in fits.values()) > 100
+    for u, v, _ in fits.values():
+        assert (u, v) == (pytest.approx(1.0, abs=0.02), pytest.approx(1.0, abs=0.05))

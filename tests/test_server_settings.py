@@ -28,6 +28,7 @@ from samrollout.server.settings import (
     speculation_fields,
 )
 from samrollout.server.vllm_argv import vllm_argv
+from samrollout.sim.cost import CostTable
 
 
 def _speculation_in_argv(argv: list[str]) -> SpeculationConfig:
@@ -48,16 +49,37 @@ def test_draft_policy_is_read_from_its_environment_variable(monkeypatch: pytest.
     assert policy.occurrence == "first"
 
 
-def test_draft_range_flag_reaches_the_engine_and_auto_is_each_devices_projected_default(
+def test_the_static_modes_draft_range_flag_reaches_the_engine_and_auto_is_each_devices_projected_default(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    explicit = _speculation_in_argv(vllm_argv(_settings("--draft-range", "2:16,8:8"), "m", "cpu"))
+    explicit = _speculation_in_argv(vllm_argv(_settings("--threshold-mode", "static", "--draft-range", "2:16,8:8"),
+                                              "m", "cpu"))
     assert explicit.draft_range == ((2, 16), (8, 8))
-    auto = ServerSettings()
+    auto = ServerSettings(threshold_mode="static")
     assert _speculation_in_argv(vllm_argv(auto, "m", "cpu")).draft_range is None  # CPU: --k up to --threshold
     assert _speculation_in_argv(vllm_argv(auto, "m", "npu")).draft_range is None
     assert _speculation_in_argv(vllm_argv(auto, "m", "cuda")).draft_range == ((32, 8), (256, 3))
     monkeypatch.setenv("SAMROLLOUT_DRAFT_RANGE", "none")
-    assert _speculation_in_argv(vllm_argv(ServerSettings(), "m", "cuda")).draft_range is None
+    assert _speculation_in_argv(vllm_argv(ServerSettings(threshold_mode="static"), "m", "cuda")).draft_range is None
+
+
+def test_the_adaptive_policy_is_the_default_with_its_longest_draft_and_the_devices_cost_prior(tmp_path: Path) -> None:
+    for device in ("cpu", "npu", "cuda"):
+        argv = vllm_argv(ServerSettings(), "m", device)
+        config = _speculation_in_argv(argv)
+        assert config.threshold_mode == "adaptive" and config.draft_range is None and config.critical_rows == 0
+        assert json.loads(argv[argv.index("--speculative-config") + 1])["num_speculative_tokens"] == config.max_draft
+        shipped = device == "cuda"
+        assert (config.cost_prior != "linear") == shipped
+        if shipped:  # the H100 table the package ships loads as a cost table
+            assert CostTable.load(config.cost_prior).device_name.startswith("NVIDIA H100")
+    table = tmp_path / "table.json"
+    table.write_text("{}")
+    config = _speculation_in_argv(vllm_argv(_settings("--max-draft", "12", "--cost-prior", str(table),
+                                                      "--critical-path", "4:16"), "m", "cuda"))
+    chosen = (config.max_draft, config.cost_prior, config.critical_rows, config.critical_weight)
+    assert chosen == (12, str(table), 4, 16)
+    with pytest.raises(ValidationError, match="cost prior"):
+        ServerSettings(cost_prior=str(tmp_path / "missing.json"))
 
 
 @pytest.mark.parametrize(("flags", "env", "named"), [

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
-from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -14,11 +12,11 @@ from conftest import run_engine_jobs
 from samrollout.config import SpeculationConfig, default_critical_path, default_draft_range, parse_draft_range
 from samrollout.drafter import DraftPolicy
 from samrollout.engine import PROPOSER_CLASS, engine_kwargs
-from samrollout.spec_decode.gate import AdaptiveGate, Gate, StaticGate, make_gate
+from samrollout.spec_decode.gate import Gate, StaticGate, make_gate
 from samrollout.spec_decode.proposer import group_of
 from samrollout.spec_decode.schedule import dense_from_range, dense_schedule, range_schedule
 from samrollout.spec_decode.session import DraftSession, SessionSettings, StepRow
-from samrollout.spec_decode.stats import GateBucket, ProposerStats
+from samrollout.spec_decode.stats import ProposerStats
 
 
 def test_config_round_trips_through_vllm_additional_config():
@@ -85,58 +83,6 @@ def test_a_schedule_can_shorten_drafts_per_batch_size():
     assert gate.allow_step(5) and not gate.allow_step(6)
 
 
-def test_adaptive_gate_turns_speculation_off_where_verification_costs_more_than_it_gains():
-    gate = AdaptiveGate(threshold=8, explore_every=10_000, explore_decided=10_000)
-    # Small batches: a drafted step costs 1.2x a plain one and yields 2 tokens per request -> pays.
-    # Big batches: a drafted step costs 3x a plain one and still yields 2 tokens per request -> does not.
-    for _ in range(20):
-        gate.observe_step(4, drafted=True, seconds=0.012, tokens=8)
-        gate.observe_step(4, drafted=False, seconds=0.010, tokens=4)
-        gate.observe_step(64, drafted=True, seconds=0.090, tokens=128)
-        gate.observe_step(64, drafted=False, seconds=0.030, tokens=64)
-    assert gate.speculation_pays(4) is True
-    assert gate.speculation_pays(64) is False
-    assert gate.allow_step(4) and not gate.allow_step(64)
-
-
-def test_adaptive_gate_counts_requests_without_drafts_against_speculation():
-    """High acceptance on the few requests that have drafts does not pay for verifying a big batch."""
-    gate = AdaptiveGate(threshold=8, explore_every=10_000, explore_decided=10_000)
-    for _ in range(20):
-        # 32 running, 4 of them drafted and accepted all 3 tokens: 44 tokens in a step 1.5x as long.
-        gate.observe_step(32, drafted=True, seconds=0.045, tokens=32 + 4 * 3)
-        gate.observe_step(32, drafted=False, seconds=0.030, tokens=32)
-    assert gate.speculation_pays(32) is False
-
-
-def test_adaptive_gate_explores_the_losing_arm_so_it_notices_when_the_cost_changes():
-    gate = AdaptiveGate(threshold=8, explore_every=4, explore_decided=4)
-    decisions = [gate.allow_step(64) for _ in range(16)]
-    assert decisions.count(True) == 4  # the static rule says no at 64; every 4th step tries drafting
-    for _ in range(10):  # drafting turns out cheap at this size
-        gate.observe_step(64, drafted=True, seconds=0.031, tokens=128)
-        gate.observe_step(64, drafted=False, seconds=0.030, tokens=64)
-    decisions = [gate.allow_step(64) for _ in range(16)]
-    assert decisions.count(True) == 12
-
-
-def test_adaptive_gate_follows_the_static_rule_until_it_has_measurements():
-    gate = AdaptiveGate(threshold=8, explore_every=10_000)
-    assert gate.speculation_pays(4) is None
-    assert gate.allow_step(4) and not gate.allow_step(32)
-
-
-def test_adaptive_gate_mutes_a_request_whose_drafts_keep_failing_then_retries_it():
-    gate = AdaptiveGate(min_request_drafts=9, mute_steps=5)
-    for _ in range(3):
-        gate.observe_request("bad", drafted=3, accepted=0)
-        gate.observe_request("good", drafted=3, accepted=3)
-    assert not gate.allow_request("bad") and gate.allow_request("good")
-    for _ in range(6):
-        gate.allow_step(1)
-    assert gate.allow_request("bad")
-
-
 @pytest.mark.parametrize(
     ("request_id", "extra_args", "group"),
     [
@@ -173,8 +119,9 @@ def test_draft_range_round_trips_and_sets_vllms_largest_draft():
     spec = engine_kwargs("m", config)["speculative_config"]
     assert spec["num_speculative_tokens"] == 16
     assert spec["num_speculative_tokens_per_batch_size"] == [[1, 2, 16], [3, 8, 8], [9, 9, 0]]
-    assert SpeculationConfig(k=5).largest_draft() == 5
+    assert SpeculationConfig(k=5, threshold_mode="static").largest_draft() == 5
     assert SpeculationConfig(threshold_mode="off", draft_range=((2, 16),)).largest_draft() == 3  # static only
+    assert SpeculationConfig(k=5, max_draft=20).largest_draft() == 20  # adaptive: its longest draft
 
 
 def test_confident_drafts_past_the_threshold_leave_vllm_without_a_batch_size_schedule():
@@ -240,7 +187,8 @@ def _session_rows(outputs: list[int], cycle: list[int], prompt_length: int = 4) 
 
 
 def test_past_the_threshold_only_the_rows_that_have_run_longest_get_critical_path_drafts():
-    config = SpeculationConfig(k=3, threshold=2, confident_match=0, critical_rows=2, critical_k=12)
+    config = SpeculationConfig(k=3, threshold_mode="static", threshold=2, confident_match=0, critical_rows=2,
+                               critical_k=12)
     session = DraftSession(config, 64, SessionSettings(largest_draft=config.largest_draft(), confident_k=3))
     cycle = [10, 11, 12, 13, 14, 15, 16]
     rows = _session_rows([60, 50, 40, 40, 40, 40], cycle)
@@ -252,7 +200,8 @@ def test_past_the_threshold_only_the_rows_that_have_run_longest_get_critical_pat
 
 
 def test_rows_that_started_together_are_no_critical_path_evidence():
-    config = SpeculationConfig(k=3, threshold=2, confident_match=0, critical_rows=2, critical_k=12)
+    config = SpeculationConfig(k=3, threshold_mode="static", threshold=2, confident_match=0, critical_rows=2,
+                               critical_k=12)
     session = DraftSession(config, 64, SessionSettings(largest_draft=config.largest_draft(), confident_k=3))
     rows = _session_rows([40, 40, 40, 40], [10, 11, 12, 13, 14])
     assert session.step(rows, {row.request_id for row in rows}) == [[], [], [], []]
@@ -262,8 +211,8 @@ def test_rows_that_started_together_are_no_critical_path_evidence():
 
 
 def _stepped_session() -> DraftSession:
-    """A session with the history on and the adaptive gate that has drafted, accepted and measured a few steps."""
-    config = SpeculationConfig(k=3, threshold_mode="adaptive", history_tokens=1000)
+    """A session with the history on and the adaptive policy that has drafted, accepted and measured a few steps."""
+    config = SpeculationConfig(max_draft=3, threshold_mode="adaptive", history_tokens=1000)
     session = DraftSession(config, 64, SessionSettings(largest_draft=3, confident_k=3))
     tokens = [1, 2, 3, 4, 5] * 8
     for length in range(20, 30):
@@ -272,14 +221,14 @@ def _stepped_session() -> DraftSession:
 
 
 def test_proposer_stats_cross_processes_as_strict_json_and_read_back_the_same():
-    stats = replace(_stepped_session().stats(), gate={"<=2": GateBucket(math.nan, 50.0, 0, 3)})
+    stats = _stepped_session().stats()
     assert stats.steps == 10 and stats.draft_tokens > 0 and stats.steps_by_batch_size == {1: 10}
     assert stats.history is not None and stats.no_draft_sampling_patched is None  # no vLLM worker asked
-    data = json.loads(json.dumps(stats.to_json(), allow_nan=False))  # plain JSON: a rate never measured is null
-    assert data["gate"]["<=2"]["on_tokens_per_s"] is None and data["steps_by_batch_size"] == {"1": 10}
+    assert list(stats.step_cost) == ["<2"] and stats.step_cost["<2"][2] == 9  # 9 decode steps measured at 1 row
+    data = json.loads(json.dumps(stats.to_json(), allow_nan=False))  # plain JSON
+    assert data["steps_by_batch_size"] == {"1": 10} and len(data["step_cost"]["<2"]) == 3
     back = ProposerStats.from_json(data)
-    assert back.to_json() == stats.to_json() and math.isnan(back.gate["<=2"].on_tokens_per_s)
-    assert replace(back, gate={}) == replace(stats, gate={})
+    assert back.to_json() == stats.to_json() and back == stats
 
 
 @pytest.mark.parametrize("change", [
@@ -291,6 +240,7 @@ def test_proposer_stats_cross_processes_as_strict_json_and_read_back_the_same():
     lambda d: d["history"].update(joined=1),
     lambda d: d["policy"].pop("source"),
     lambda d: d.update(threshold_mode="sometimes"),
+    lambda d: d["step_cost"].update({"<4": [1.0, 1.0]}),          # a fit without its observations
 ])
 def test_proposer_stats_with_unknown_missing_or_mistyped_keys_are_refused(change):
     data = json.loads(json.dumps(_stepped_session().stats().to_json()))

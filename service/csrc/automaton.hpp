@@ -105,6 +105,11 @@ class Automaton {
     return continuation_from(members_[sid - 1].match, sid, limit, out, match_length);
   }
 
+  // `certain_prefix` of member `sid`'s current match.
+  int32_t certain(int32_t sid, const int32_t* draft, int32_t count) const {
+    return certain_prefix(members_[sid - 1].match, draft, count);
+  }
+
   // Adds a whole string (a finished response) as a new member; returns its string id.
   // Used by the global index, whose automaton has an empty prompt.
   int32_t add_string(const int32_t* tokens, std::size_t count) {
@@ -144,6 +149,24 @@ class Automaton {
   // is not a member).
   int32_t continuation_of(const Match& match, int32_t limit, int32_t* out, int32_t* match_length) const {
     return continuation_from(match, kNoMember, limit, out, match_length);
+  }
+
+  // How many leading tokens of `draft` (the continuation of `match`) were the only continuation ever
+  // seen: walking from the matched state along the draft, the count of states passed that have exactly
+  // one outgoing transition, up to the first that has several (or none: the draft ran past every
+  // occurrence).  Evidence for the drafting policy: a token that every earlier occurrence agreed on is
+  // likelier to be accepted than one taken from the latest of several that disagree.
+  int32_t certain_prefix(const Match& match, const int32_t* draft, int32_t count) const {
+    int32_t state = match.state;
+    int32_t certain = 0;
+    while (certain < count && state > 0) {
+      const State& s = states_[state];
+      if (s.token0 == EdgeTable::kMissing || s.head != EdgeTable::kMissing) break;  // none, or several
+      if (s.token0 != draft[certain]) break;
+      state = s.target0;
+      ++certain;
+    }
+    return certain;
   }
 
   // Copies the last at most `limit` tokens of member `sid`'s string (prompt included) to

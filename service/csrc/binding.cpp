@@ -54,7 +54,8 @@ nb::list to_list(const T* values, std::size_t count) {
 }
 
 // The engine-shaped step: request handles and per-row token lists in; per row the draft, the
-// match length behind it and its source (a DraftSource value, -1: no draft) out, as three lists.
+// match length behind it, its source (a DraftSource value, -1: no draft) and its certain prefix
+// (Automaton::certain_prefix) out, as four lists.
 nb::tuple step_lists(Drafter& d, nb::handle requests, nb::handle rows_tokens, int32_t k) {
   std::vector<int32_t> flat;
   std::vector<int64_t> handles;
@@ -71,16 +72,85 @@ nb::tuple step_lists(Drafter& d, nb::handle requests, nb::handle rows_tokens, in
   std::vector<int32_t> lengths(n + 1);
   std::vector<int32_t> match_lengths(n + 1);
   std::vector<int32_t> sources(n + 1);
+  std::vector<int32_t> certain(n + 1);
   {
     nb::gil_scoped_release release;
     d.step(handles.data(), n, flat.data(), offsets.data(), k, drafts.data(), lengths.data(), match_lengths.data(),
-           sources.data());
+           sources.data(), certain.data());
   }
   nb::list rows;
   for (std::size_t i = 0; i < n; ++i) {
     rows.append(to_list(drafts.data() + i * width, static_cast<std::size_t>(lengths[i])));
   }
-  return nb::make_tuple(rows, to_list(match_lengths.data(), n), to_list(sources.data(), n));
+  return nb::make_tuple(rows, to_list(match_lengths.data(), n), to_list(sources.data(), n),
+                        to_list(certain.data(), n));
+}
+
+using CandidateOut = nb::ndarray<int32_t, nb::ndim<3>, nb::c_contig, nb::device::cpu>;
+using SlotOut = nb::ndarray<int32_t, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
+
+// step_candidates with per-row token lists in (as step_lists takes them) and arrays out: drafts[rows, sources,
+// k], lengths / match_lengths / certain [rows, sources].
+void step_candidates(Drafter& d, nb::handle requests, nb::handle rows_tokens, int32_t k, CandidateOut drafts,
+                     SlotOut lengths, SlotOut match_lengths, SlotOut certain) {
+  std::vector<int32_t> flat;
+  std::vector<int64_t> handles;
+  std::vector<int64_t> offsets{0};
+  read_ints(requests, handles, "requests must be a sequence of handles");
+  for (nb::handle row : rows_tokens) {
+    read_ints(row, flat, "each row of tokens must be a sequence of ints");
+    offsets.push_back(static_cast<int64_t>(flat.size()));
+  }
+  const std::size_t n = handles.size();
+  if (offsets.size() != n + 1) throw std::invalid_argument("requests and tokens must have the same length");
+  const auto sources = static_cast<std::size_t>(Drafter::kSources);
+  if (drafts.shape(0) != n || drafts.shape(1) != sources || static_cast<int64_t>(drafts.shape(2)) != k) {
+    throw std::invalid_argument("drafts must be [rows, sources, k]");
+  }
+  for (const SlotOut* out : {&lengths, &match_lengths, &certain}) {
+    if (out->shape(0) != n || out->shape(1) != sources) {
+      throw std::invalid_argument("lengths, match_lengths and certain must be [rows, sources]");
+    }
+  }
+  flat.push_back(0);  // a valid pointer for a step with no tokens
+  nb::gil_scoped_release release;
+  d.step_candidates(handles.data(), n, flat.data(), offsets.data(), k, drafts.data(), lengths.data(),
+                    match_lengths.data(), certain.data());
+}
+
+using FlagIn = nb::ndarray<const uint8_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+using CountIn = nb::ndarray<const int32_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+using RealIn = nb::ndarray<const double, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+using TableOut = nb::ndarray<double, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
+
+// step_goodput with per-row token lists in (as step_lists takes them) and arrays for the rest.
+void step_goodput(Drafter& d, nb::handle requests, nb::handle rows_tokens, int32_t k, FlagIn greedy, CountIn limits,
+                  RealIn weights, RealIn seconds, DraftOut drafts, RowOut lengths, RowOut match_lengths,
+                  RowOut sources, RowOut certain) {
+  std::vector<int32_t> flat;
+  std::vector<int64_t> handles;
+  std::vector<int64_t> offsets{0};
+  read_ints(requests, handles, "requests must be a sequence of handles");
+  for (nb::handle row : rows_tokens) {
+    read_ints(row, flat, "each row of tokens must be a sequence of ints");
+    offsets.push_back(static_cast<int64_t>(flat.size()));
+  }
+  const std::size_t n = handles.size();
+  if (offsets.size() != n + 1) throw std::invalid_argument("requests and tokens must have the same length");
+  if (greedy.shape(0) != n || limits.shape(0) != n || weights.shape(0) != n) {
+    throw std::invalid_argument("greedy, limits and weights must have one entry per row");
+  }
+  if (drafts.shape(0) != n || static_cast<int64_t>(drafts.shape(1)) != k) {
+    throw std::invalid_argument("drafts must be [rows, k]");
+  }
+  for (const RowOut* out : {&lengths, &match_lengths, &sources, &certain}) {
+    if (out->shape(0) != n) throw std::invalid_argument("lengths, match_lengths, sources and certain must be [rows]");
+  }
+  flat.push_back(0);  // a valid pointer for a step with no tokens
+  nb::gil_scoped_release release;
+  d.step_goodput(handles.data(), n, flat.data(), offsets.data(), k, greedy.data(), limits.data(), weights.data(),
+                 seconds.data(), seconds.shape(0), drafts.data(), lengths.data(), match_lengths.data(),
+                 sources.data(), certain.data());
 }
 
 }  // namespace
@@ -89,6 +159,26 @@ NB_MODULE(_sam_core, m) {
   m.doc() = "Native suffix-automaton drafter core of samrollout.";
   m.attr("MAX_DRAFT_TOKENS") = Drafter::kMaxDraftTokens;
   m.attr("MAX_FALLBACK_HOPS") = samrollout::Automaton::kMaxFallbackHops;
+  m.attr("SOURCES") = Drafter::kSources;
+  m.attr("MATCH_BUCKETS") = samrollout::kMatchBuckets;
+  m.def("match_bucket", &samrollout::match_bucket, "match_length"_a,
+        "The half-octave bucket of a match length (0: none; 1, 2, 3, 4-5, 6-7, 8-11, ...).");
+  m.def(
+      "allocate",
+      [](nb::ndarray<const double, nb::ndim<2>, nb::c_contig, nb::device::cpu> values, RealIn weights,
+         RealIn seconds, RowOut lengths) {
+        const std::size_t rows = values.shape(0);
+        if (weights.shape(0) != rows || lengths.shape(0) != rows || seconds.shape(0) == 0) {
+          throw std::invalid_argument("weights and lengths need one entry per row, seconds at least one");
+        }
+        nb::gil_scoped_release release;
+        samrollout::allocate(values.data(), rows, static_cast<int32_t>(values.shape(1)), weights.data(),
+                             seconds.data(), seconds.shape(0), lengths.data());
+      },
+      "values"_a.noconvert(), "weights"_a.noconvert(), "seconds"_a.noconvert(), "lengths"_a.noconvert(),
+      "The adaptive policy's allocation alone (goodput.hpp): each row's draft length maximising weighted "
+      "expected tokens per second, from values[rows, depth] (non-increasing per row), weights[rows] and "
+      "seconds[n draft tokens]; written into lengths[rows].");
 
   nb::register_exception_translator([](const std::exception_ptr& p, void*) {
     try {
@@ -130,7 +220,8 @@ NB_MODULE(_sam_core, m) {
   nb::class_<Draft>(m, "Draft", "One request's draft: its tokens, the match behind them and their source.")
       .def_ro("tokens", &Draft::tokens)
       .def_ro("match_length", &Draft::match_length)
-      .def_ro("source", &Draft::source);
+      .def_ro("source", &Draft::source)
+      .def_ro("certain", &Draft::certain);
 
   nb::class_<Drafter>(m, "Core")
       .def(nb::init<const DraftPolicy&>(), "policy"_a)
@@ -152,7 +243,7 @@ NB_MODULE(_sam_core, m) {
       .def(
           "step",
           [](Drafter& d, IdArray requests, TokenArray tokens, IdArray offsets, int32_t k, DraftOut drafts,
-             RowOut lengths, RowOut match_lengths, RowOut sources) {
+             RowOut lengths, RowOut match_lengths, RowOut sources, RowOut certain) {
             const std::size_t rows = requests.shape(0);
             if (offsets.shape(0) != rows + 1) {
               throw std::invalid_argument("offsets must have one entry more than requests");
@@ -161,18 +252,45 @@ NB_MODULE(_sam_core, m) {
               throw std::invalid_argument("offsets[-1] must equal the number of tokens");
             }
             if (drafts.shape(0) < rows || static_cast<int64_t>(drafts.shape(1)) != k || lengths.shape(0) < rows ||
-                match_lengths.shape(0) < rows || sources.shape(0) < rows) {
+                match_lengths.shape(0) < rows || sources.shape(0) < rows || certain.shape(0) < rows) {
               throw std::invalid_argument("output arrays must be [rows, k] and [rows]");
             }
             nb::gil_scoped_release release;
             d.step(requests.data(), rows, tokens.data(), offsets.data(), k, drafts.data(), lengths.data(),
-                   match_lengths.data(), sources.data());
+                   match_lengths.data(), sources.data(), certain.data());
           },
           "requests"_a.noconvert(), "tokens"_a.noconvert(), "offsets"_a.noconvert(), "k"_a,
-          "drafts"_a.noconvert(), "lengths"_a.noconvert(), "match_lengths"_a.noconvert(), "sources"_a.noconvert())
+          "drafts"_a.noconvert(), "lengths"_a.noconvert(), "match_lengths"_a.noconvert(), "sources"_a.noconvert(),
+          "certain"_a.noconvert())
+      .def("step_candidates", &step_candidates, "requests"_a, "tokens"_a, "k"_a, "drafts"_a.noconvert(),
+           "lengths"_a.noconvert(), "match_lengths"_a.noconvert(), "certain"_a.noconvert(),
+           "Append each row's tokens (lists, as step_lists takes them); write every source's draft for each row "
+           "into drafts[row, source] (a DraftSource value; padded with -1) and its length, match and certain "
+           "prefix into [row, source] (length 0: that source has nothing).")
+      .def("step_goodput", &step_goodput, "requests"_a, "tokens"_a, "k"_a, "greedy"_a.noconvert(),
+           "limits"_a.noconvert(), "weights"_a.noconvert(), "seconds"_a.noconvert(), "drafts"_a.noconvert(),
+           "lengths"_a.noconvert(), "match_lengths"_a.noconvert(), "sources"_a.noconvert(),
+           "certain"_a.noconvert(),
+           "One step of the adaptive policy (goodput.hpp): append each row's tokens, score its last candidates, "
+           "choose each row's source and draft length; writes drafts[rows, k] (padded with -1) and per row its "
+           "length, match, source (-1: none) and certain prefix.")
+      .def(
+          "acceptance_table",
+          [](const Drafter& d, TableOut seen, TableOut accepted) {
+            const auto sources = static_cast<std::size_t>(Drafter::kSources);
+            const auto buckets = static_cast<std::size_t>(samrollout::kMatchBuckets);
+            if (seen.shape(0) != sources || seen.shape(1) != buckets || accepted.shape(0) != sources ||
+                accepted.shape(1) != buckets) {
+              throw std::invalid_argument("seen and accepted must be [sources, match buckets]");
+            }
+            d.acceptance_table(seen.data(), accepted.data());
+          },
+          "seen"_a.noconvert(), "accepted"_a.noconvert(),
+          "The adaptive policy's first-token observations and acceptances per [source, match bucket].")
       .def("step_lists", &step_lists, "requests"_a, "tokens"_a, "k"_a,
-           "Append each row's tokens; return (drafts, match_lengths, sources) as lists, one entry per row "
-           "(drafts in vLLM's proposer shape; a source is a DraftSource value, -1 where a row drafted nothing).")
+           "Append each row's tokens; return (drafts, match_lengths, sources, certain) as lists, one entry per "
+           "row (drafts in vLLM's proposer shape; a source is a DraftSource value, -1 where a row drafted "
+           "nothing; certain: leading draft tokens every earlier occurrence continued with).")
       .def(
           "remove_request",
           [](Drafter& d, int64_t request) {

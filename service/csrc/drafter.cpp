@@ -180,47 +180,65 @@ int32_t Drafter::draft_length(int32_t match_length, int32_t k) const {
   return std::min(limit, k);
 }
 
-Drafter::Proposal Drafter::propose_locked(const Request& r, int32_t k, int32_t* out) const {
-  int32_t own_draft[kMaxDraftTokens];
-  int32_t own_match = 0;
-  int32_t own_count = 0;
-  if (r.own && !r.own_overflow) own_count = r.own->continuation(1, k, own_draft, &own_match);
-
-  int32_t group_match = 0;
-  int32_t group_count = 0;
-  int32_t group_draft[kMaxDraftTokens];
+void Drafter::candidates_locked(const Request& r, int32_t k, Proposal* slots, int32_t* out) const {
+  const auto width = static_cast<std::size_t>(k);
+  for (int32_t slot = 0; slot < kSources; ++slot) slots[slot] = Proposal{};
+  // One source's continuation (found tokens, from a match of `match`), cut by the policy's length rule.
+  const auto keep = [&](DraftSource source, int32_t found, int32_t match, const Automaton* automaton, int32_t sid) {
+    const auto s = static_cast<int32_t>(source);
+    Proposal& slot = slots[s];
+    slot.found = found;
+    slot.match_length = found > 0 ? match : 0;
+    slot.length = std::max(0, std::min(found, draft_length(match, k)));
+    if (slot.length == 0) return;
+    slot.source = s;
+    if (automaton != nullptr) slot.certain = automaton->certain(sid, out + static_cast<std::size_t>(s) * width, slot.length);
+  };
+  const auto row = [&](DraftSource source) { return out + static_cast<std::size_t>(source) * width; };
+  if (r.own && !r.own_overflow) {
+    int32_t match = 0;
+    const int32_t found = r.own->continuation(1, k, row(DraftSource::kOwn), &match);
+    keep(DraftSource::kOwn, found, match, r.own.get(), 1);
+  }
   if (r.group >= 0 && policy_.source != Source::kOwn) {
     const Group& g = groups_.at(r.group);
-    if (!g.overflow) group_count = g.automaton->continuation(r.group_sid, k, group_draft, &group_match);
-  }
-
-  // Prefer the longer match; the request's own history wins ties and near-ties.
-  const bool use_group =
-      group_count > 0 && (own_count == 0 || group_match > own_match + policy_.group_margin);
-  const int32_t* source = use_group ? group_draft : own_draft;
-  int32_t match = use_group ? group_match : own_match;
-  int32_t available = use_group ? group_count : own_count;
-  int32_t which = static_cast<int32_t>(use_group ? DraftSource::kGroup : DraftSource::kOwn);
-
-  // The global index is asked only where its match (at most kWindow long) could win.
-  int32_t global_draft[kMaxDraftTokens];
-  if (global_ && (available == 0 || match + policy_.global_margin < GlobalIndex::kWindow)) {
-    int32_t window[GlobalIndex::kWindow];
-    const int32_t w = tail_locked(r, GlobalIndex::kWindow, window);
-    int32_t global_match = 0;
-    const int32_t global_count = global_->propose(window, static_cast<std::size_t>(w), k, global_draft,
-                                                  &global_match);
-    if (global_count > 0 && (available == 0 || global_match > match + policy_.global_margin)) {
-      source = global_draft;
-      match = global_match;
-      available = global_count;
-      which = static_cast<int32_t>(DraftSource::kGlobal);
+    if (!g.overflow) {
+      int32_t match = 0;
+      const int32_t found = g.automaton->continuation(r.group_sid, k, row(DraftSource::kGroup), &match);
+      keep(DraftSource::kGroup, found, match, g.automaton.get(), r.group_sid);
     }
   }
-  const int32_t n = std::min(available, draft_length(match, k));
-  std::copy(source, source + n, out);
-  if (n == 0) return {};
-  return {n, match, which};
+  if (global_) {
+    int32_t window[GlobalIndex::kWindow];
+    const int32_t w = tail_locked(r, GlobalIndex::kWindow, window);
+    int32_t match = 0;
+    const int32_t found = global_->propose(window, static_cast<std::size_t>(w), k, row(DraftSource::kGlobal), &match);
+    keep(DraftSource::kGlobal, found, match, nullptr, 0);
+  }
+}
+
+Drafter::Proposal Drafter::propose_locked(const Request& r, int32_t k, int32_t* out) const {
+  Proposal slots[kSources];
+  std::vector<int32_t>& drafts = candidate_buffer_;
+  drafts.resize(static_cast<std::size_t>(kSources) * static_cast<std::size_t>(k));
+  candidates_locked(r, k, slots, drafts.data());
+  // Prefer the longer match (among the continuations found, before the length rule cuts them); the request's
+  // own history wins ties and near-ties, and the global index (other prompts' text) wins only by more than
+  // its margin.
+  const Proposal* chosen = &slots[static_cast<int32_t>(DraftSource::kOwn)];
+  const Proposal& group = slots[static_cast<int32_t>(DraftSource::kGroup)];
+  if (group.found > 0 && (chosen->found == 0 || group.match_length > chosen->match_length + policy_.group_margin)) {
+    chosen = &group;
+  }
+  const Proposal& global = slots[static_cast<int32_t>(DraftSource::kGlobal)];
+  if (global.found > 0 &&
+      (chosen->found == 0 || global.match_length > chosen->match_length + policy_.global_margin)) {
+    chosen = &global;
+  }
+  if (chosen->length == 0) return {};
+  const int32_t* from = drafts.data() + static_cast<std::size_t>(chosen->source) * static_cast<std::size_t>(k);
+  std::copy(from, from + chosen->length, out);
+  return *chosen;
 }
 
 int32_t Drafter::tail_locked(const Request& r, int32_t limit, int32_t* out) const {
@@ -243,14 +261,13 @@ Draft Drafter::propose(int64_t request, int32_t k) {
   Draft draft;
   draft.tokens.assign(out, out + proposal.length);
   draft.match_length = proposal.match_length;
+  draft.certain = proposal.certain;
   if (proposal.source != kNoDraftSource) draft.source = static_cast<DraftSource>(proposal.source);
   return draft;
 }
 
-void Drafter::step(const int64_t* requests, std::size_t rows, const int32_t* tokens, const int64_t* offsets,
-                   int32_t k, int32_t* drafts, int32_t* lengths, int32_t* match_lengths, int32_t* sources) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  check_k(k);
+void Drafter::append_batch_locked(const int64_t* requests, std::size_t rows, const int32_t* tokens,
+                                  const int64_t* offsets) {
   if (offsets[0] != 0) fail("offsets[0] must be 0");
   std::vector<Request*>& batch = batch_;
   batch.resize(rows);
@@ -267,13 +284,126 @@ void Drafter::step(const int64_t* requests, std::size_t rows, const int32_t* tok
   for (std::size_t i = 0; i < rows; ++i) {
     append_locked(*batch[i], tokens + offsets[i], static_cast<std::size_t>(offsets[i + 1] - offsets[i]));
   }
+}
+
+void Drafter::step(const int64_t* requests, std::size_t rows, const int32_t* tokens, const int64_t* offsets,
+                   int32_t k, int32_t* drafts, int32_t* lengths, int32_t* match_lengths, int32_t* sources,
+                   int32_t* certain) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  check_k(k);
+  append_batch_locked(requests, rows, tokens, offsets);
   for (std::size_t i = 0; i < rows; ++i) {
     int32_t* row = drafts + i * static_cast<std::size_t>(k);
-    const Proposal proposal = propose_locked(*batch[i], k, row);
+    const Proposal proposal = propose_locked(*batch_[i], k, row);
     lengths[i] = proposal.length;
     match_lengths[i] = proposal.match_length;
     sources[i] = proposal.source;
+    certain[i] = proposal.certain;
     std::fill(row + proposal.length, row + k, -1);
+  }
+}
+
+void Drafter::step_candidates(const int64_t* requests, std::size_t rows, const int32_t* tokens,
+                              const int64_t* offsets, int32_t k, int32_t* drafts, int32_t* lengths,
+                              int32_t* match_lengths, int32_t* certain) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  check_k(k);
+  append_batch_locked(requests, rows, tokens, offsets);
+  const auto width = static_cast<std::size_t>(k);
+  for (std::size_t i = 0; i < rows; ++i) {
+    Proposal slots[kSources];
+    int32_t* row = drafts + i * kSources * width;
+    candidates_locked(*batch_[i], k, slots, row);
+    for (int32_t slot = 0; slot < kSources; ++slot) {
+      const std::size_t at = i * kSources + static_cast<std::size_t>(slot);
+      lengths[at] = slots[slot].length;
+      match_lengths[at] = slots[slot].match_length;
+      certain[at] = slots[slot].certain;
+      std::fill(row + static_cast<std::size_t>(slot) * width + slots[slot].length,
+                row + static_cast<std::size_t>(slot + 1) * width, -1);
+    }
+  }
+}
+
+void Drafter::step_goodput(const int64_t* requests, std::size_t rows, const int32_t* tokens, const int64_t* offsets,
+                           int32_t k, const uint8_t* greedy, const int32_t* limits, const double* weights,
+                           const double* seconds, std::size_t points, int32_t* drafts, int32_t* lengths,
+                           int32_t* match_lengths, int32_t* sources, int32_t* certain) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  check_k(k);
+  if (points == 0) fail("the step's seconds need at least one point");
+  append_batch_locked(requests, rows, tokens, offsets);
+  if (!acceptance_ || acceptance_->depth() != k) acceptance_ = std::make_unique<AcceptanceModel>(k);
+  AcceptanceModel& acceptance = *acceptance_;
+  const auto width = static_cast<std::size_t>(k);
+  acceptance.age(rows);
+  for (std::size_t i = 0; i < rows; ++i) {  // score each row's last candidates against what it just got
+    Request& r = *batch_[i];
+    const int64_t got = offsets[i + 1] - offsets[i];
+    if (!r.scored || got == 0 || r.candidates.size() != static_cast<std::size_t>(kSources) * width) continue;
+    const int32_t* produced = tokens + offsets[i];
+    for (int32_t s = 0; s < kSources; ++s) {
+      const int32_t length = r.candidate_lengths[s];
+      if (length == 0) continue;
+      const int32_t visible = static_cast<int32_t>(std::min<int64_t>(length, got));
+      const int32_t* candidate = r.candidates.data() + static_cast<std::size_t>(s) * width;
+      int32_t agreed = 0;
+      while (agreed < visible && candidate[agreed] == produced[agreed]) ++agreed;
+      acceptance.observe(greedy[i] != 0, s, r.candidate_matches[s], r.candidate_certain[s], agreed,
+                         agreed < visible ? agreed + 1 : agreed);
+    }
+  }
+  values_.assign(rows * width, 0.0);
+  std::vector<double> reach(width);
+  for (std::size_t i = 0; i < rows; ++i) {  // each row's candidates, and the one expected to go furthest
+    Request& r = *batch_[i];
+    r.candidates.resize(static_cast<std::size_t>(kSources) * width);
+    Proposal slots[kSources];
+    candidates_locked(r, k, slots, r.candidates.data());
+    r.scored = limits[i] > 0;
+    int32_t chosen = kNoDraftSource;
+    double best = 0.0;
+    for (int32_t s = 0; s < kSources; ++s) {
+      r.candidate_lengths[s] = slots[s].length;
+      r.candidate_matches[s] = slots[s].match_length;
+      r.candidate_certain[s] = slots[s].certain;
+      const int32_t usable = std::min(slots[s].length, limits[i]);
+      if (usable <= 0) continue;
+      const double expected = acceptance.reach(greedy[i] != 0, s, slots[s].match_length, slots[s].certain, usable,
+                                               reach.data());
+      if (expected > best) {
+        best = expected;
+        chosen = s;
+        for (int32_t d = 0; d < usable; ++d) values_[i * width + static_cast<std::size_t>(d)] = weights[i] * reach[d];
+        std::fill(values_.begin() + static_cast<std::ptrdiff_t>(i * width + static_cast<std::size_t>(usable)),
+                  values_.begin() + static_cast<std::ptrdiff_t>((i + 1) * width), 0.0);
+      }
+    }
+    sources[i] = chosen;
+  }
+  allocate(values_.data(), rows, k, weights, seconds, points, lengths);
+  for (std::size_t i = 0; i < rows; ++i) {
+    const Request& r = *batch_[i];
+    int32_t* row = drafts + i * width;
+    const int32_t s = lengths[i] > 0 ? sources[i] : kNoDraftSource;
+    sources[i] = s;
+    match_lengths[i] = s == kNoDraftSource ? 0 : r.candidate_matches[s];
+    certain[i] = s == kNoDraftSource ? 0 : r.candidate_certain[s];
+    if (s != kNoDraftSource) {
+      const int32_t* from = r.candidates.data() + static_cast<std::size_t>(s) * width;
+      std::copy(from, from + lengths[i], row);
+    }
+    std::fill(row + lengths[i], row + k, -1);
+  }
+}
+
+void Drafter::acceptance_table(double* seen, double* accepted) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (acceptance_) {
+    acceptance_->first_tokens(seen, accepted);
+  } else {
+    std::fill(seen, seen + AcceptanceModel::kSources * kMatchBuckets, 0.0);
+    std::fill(accepted, accepted + AcceptanceModel::kSources * kMatchBuckets, 0.0);
   }
 }
 

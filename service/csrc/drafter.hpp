@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "automaton.hpp"
+#include "goodput.hpp"
 
 namespace samrollout {
 
@@ -94,6 +95,7 @@ struct Draft {
   std::vector<int32_t> tokens;
   int32_t match_length = 0;
   std::optional<DraftSource> source;
+  int32_t certain = 0;  // leading tokens that every earlier occurrence continued with (Automaton::certain_prefix)
 };
 
 // Finished responses of every prompt, for drafting where a request's own text and its
@@ -137,6 +139,7 @@ struct RequestInfo {
 class Drafter {
  public:
   static constexpr int32_t kMaxDraftTokens = 64;
+  static constexpr int32_t kSources = 3;  // own, group, global: DraftSource's values
 
   explicit Drafter(const DraftPolicy& policy);
 
@@ -148,10 +151,33 @@ class Drafter {
   // One engine step for a batch: rows[i] gets tokens[offsets[i]:offsets[i+1]] appended, then
   // up to k drafts written to drafts[i*k ...] (padded with -1), lengths[i] set, and the match
   // behind the draft and its source in match_lengths[i] (0 where it drafted nothing) and
-  // sources[i] (a DraftSource value; kNoDraftSource where it drafted nothing).
+  // sources[i] (a DraftSource value; kNoDraftSource where it drafted nothing), and in certain[i] how many
+  // leading draft tokens every earlier occurrence agreed on (0 from the global index).
   // Everything is validated before any state changes.
   void step(const int64_t* requests, std::size_t rows, const int32_t* tokens, const int64_t* offsets,
-            int32_t k, int32_t* drafts, int32_t* lengths, int32_t* match_lengths, int32_t* sources);
+            int32_t k, int32_t* drafts, int32_t* lengths, int32_t* match_lengths, int32_t* sources,
+            int32_t* certain);
+  // One engine step for a batch, every source's draft kept: rows[i] gets its tokens appended as in step(),
+  // then for each source s (a DraftSource value, kSources of them) the draft from s alone is written to
+  // drafts[(i * kSources + s) * k ...] (padded with -1), with its length, match and certain prefix at
+  // [i * kSources + s] (length 0 where s has nothing).  The drafting policy picks one per row.
+  void step_candidates(const int64_t* requests, std::size_t rows, const int32_t* tokens, const int64_t* offsets,
+                       int32_t k, int32_t* drafts, int32_t* lengths, int32_t* match_lengths, int32_t* certain);
+  // One engine step of the adaptive policy (goodput.hpp): rows[i] gets its tokens appended; every source's
+  // candidate of its previous step is scored against them (when that step allowed it a draft); then each row
+  // gets the source whose candidate is expected to be accepted longest, cut to the length that maximises the
+  // batch's weighted expected tokens per second.  greedy[i]: whether the row samples greedily (its acceptance
+  // is counted apart); limits[i]: the most draft tokens it may get (0: none, and it is not scored next step);
+  // weights[i]: its weight; seconds[n]: the step's seconds with n draft tokens in all, n = 0 .. points - 1.
+  // Writes drafts[i * k ...] (padded with -1), lengths[i], and the chosen candidate's match_lengths[i],
+  // sources[i] (kNoDraftSource where it drafts nothing) and certain[i].
+  void step_goodput(const int64_t* requests, std::size_t rows, const int32_t* tokens, const int64_t* offsets,
+                    int32_t k, const uint8_t* greedy, const int32_t* limits, const double* weights,
+                    const double* seconds, std::size_t points, int32_t* drafts, int32_t* lengths,
+                    int32_t* match_lengths, int32_t* sources, int32_t* certain);
+  // The adaptive policy's first-token observations and acceptances per (source, match bucket), kSources x
+  // kMatchBuckets each (zeros before its first step).
+  void acceptance_table(double* seen, double* accepted) const;
   void remove_request(int64_t request);
   // Indexes a finished response to the group's prompt (an earlier rollout's) as one more
   // string of the live group `group`; siblings draft from it from their next token on.
@@ -188,12 +214,20 @@ class Drafter {
     int32_t group_sid = 0;
     int64_t num_tokens = 0;
     uint64_t last_step = 0;  // stamp of the last batch step that named it
+    // The adaptive policy: every source's candidate at the request's last step, scored at its next one.
+    std::vector<int32_t> candidates;  // kSources x the step's k
+    int32_t candidate_lengths[kSources] = {0, 0, 0};
+    int32_t candidate_matches[kSources] = {0, 0, 0};
+    int32_t candidate_certain[kSources] = {0, 0, 0};
+    bool scored = false;  // whether its candidates are scored at the next step
   };
   // What propose_locked wrote: how many tokens, the match behind them and their source.
   struct Proposal {
-    int32_t length = 0;
+    int32_t length = 0;        // draft tokens kept (the policy's length rule applied)
     int32_t match_length = 0;
     int32_t source = kNoDraftSource;
+    int32_t certain = 0;
+    int32_t found = 0;         // continuation tokens found, before the length rule
   };
 
   Request& find(int64_t request);
@@ -202,6 +236,11 @@ class Drafter {
   void check_k(int32_t k) const;
   void append_locked(Request& r, const int32_t* tokens, std::size_t count);
   Proposal propose_locked(const Request& r, int32_t k, int32_t* out) const;
+  // Every source's draft for the request: slots[s] and out[s * k ...] for DraftSource s (length 0: none).
+  void candidates_locked(const Request& r, int32_t k, Proposal* slots, int32_t* out) const;
+  // Validates a step's rows and appends their tokens (step, step_candidates); batch_ holds the rows.
+  void append_batch_locked(const int64_t* requests, std::size_t rows, const int32_t* tokens,
+                           const int64_t* offsets);
   int32_t draft_length(int32_t match_length, int32_t k) const;
   int32_t tail_locked(const Request& r, int32_t limit, int32_t* out) const;
   std::vector<int32_t> response_locked(const Request& r) const;
@@ -212,7 +251,10 @@ class Drafter {
   std::unordered_map<int64_t, Group> groups_;
   uint64_t step_stamp_ = 0;
   std::vector<Request*> batch_;  // reused across steps: no allocation per step
+  mutable std::vector<int32_t> candidate_buffer_;  // propose_locked's candidates, under the lock
   std::unique_ptr<GlobalIndex> global_;  // null when max_global_tokens is 0
+  std::unique_ptr<AcceptanceModel> acceptance_;  // the adaptive policy's, made at its first step (its k)
+  std::vector<double> values_;  // step_goodput's per-row values, reused across steps
 };
 
 }  // namespace samrollout

@@ -9,6 +9,7 @@ start-up, never mid-rollout.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
+from importlib.resources import files
 from typing import Any, Literal, get_args
 
 from samrollout._core import MAX_DRAFT_TOKENS
@@ -26,6 +27,7 @@ ROLLOUT_FIELD = "samrollout_rollout"
 # The most drafts per step a request's k (and a draft range's k) may ask for; critical-path drafts may go to
 # the core's MAX_DRAFT_TOKENS.
 MAX_K = 16
+MAX_CRITICAL_WEIGHT = 1024.0  # the largest critical_weight (a row weighs at most this many rows' tokens)
 # The range (low, high; None: unbounded) of each integer speculation setting: one range for SpeculationConfig,
 # the server's flags and variables, and the Helm chart's schema (tests/test_helm_chart.py compares them).
 SPECULATION_LIMITS: dict[str, tuple[int, int | None]] = {
@@ -36,6 +38,7 @@ SPECULATION_LIMITS: dict[str, tuple[int, int | None]] = {
     "confident_match": (0, 1 << 30),
     "critical_rows": (0, 1 << 30),
     "critical_k": (1, MAX_DRAFT_TOKENS),
+    "max_draft": (1, MAX_DRAFT_TOKENS),
 }
 
 
@@ -46,10 +49,20 @@ class SpeculationConfig:
     How each default was chosen, with its measurements: docs/tuning.md, "Speculation settings: how the
     defaults were chosen".  Integer ranges are `SPECULATION_LIMITS`.
 
-    - ``k``: draft tokens per step below the threshold (and the length of confident drafts past it).
-    - ``threshold_mode``: "off" drafts at every batch size; "static" (the published rule) only while at most
-      ``threshold`` requests run; "adaptive" decides from measured step times and acceptance
-      (`samrollout.spec_decode.gate`).
+    - ``threshold_mode``: how much each row drafts.  "adaptive" (the default): every step, each row's source
+      and draft length (0 to ``max_draft``) maximise the batch's expected accepted tokens per second of step
+      time, from acceptance by kind of match and a step-cost curve both learned online
+      (`samrollout.spec_decode.goodput`); the published threshold is where it drafts nothing for anyone.
+      "static": the published rule, ``k`` drafts while at most ``threshold`` requests run (and the static
+      knobs below); "off": ``k`` drafts at every batch size.
+    - ``max_draft``: adaptive: the longest draft a row may get (vLLM's ``num_speculative_tokens``); a looping
+      response accepts long drafts at any batch size.
+    - ``cost_prior``: adaptive: the step-cost curve before the engine's own step times correct it: "linear" (a
+      compute-bound step) or the path of a measured cost table (``bench/verify_cost.py``); the server's "auto"
+      picks the device's table where the package ships one.
+    - ``critical_rows`` / ``critical_weight``: adaptive: the ``critical_rows`` running requests with the
+      longest outputs so far (and longer than every other's) weigh ``critical_weight`` in the goodput (a
+      synchronous step ends with its longest response); 0 rows or weight 1: off.
     - ``group_drafting``: siblings (the n children of a request, or requests with the same
       ``extra_args["samrollout_group"]``) draft from a shared group automaton.
     - ``sampled_requests``: whether requests with temperature > 0 get drafts: "draft" always, "skip" never,
@@ -57,28 +70,31 @@ class SpeculationConfig:
       `samrollout.spec_decode.cpu_sampled_verification` patch included), except sampled requests with their
       own ``seed``: with drafts, what a seed gives would depend on what else the server ran.
     - ``policy``: the drafter's `DraftPolicy`.
-    - ``draft_range``: the draft length by batch size (Seer's adaptive draft range), ``((up_to_running, k),
-      ...)`` with ascending counts: k drafts while at most that many requests run, none above the last.  None:
-      ``k`` up to ``threshold``.  Applies with the static threshold; long drafts pay where a step is
-      memory-bound (see `default_draft_range`).
     - ``history_tokens`` / ``history_responses``: cross-epoch history (`samrollout.history`): responses of
       earlier rollouts to the same prompt join the group automaton of a later rollout's responses to it, at most
       ``history_responses`` (the newest) per prompt and ``history_tokens`` tokens in all (LRU; 0: off).  Kept
       across weight updates: they are only drafts.  With it on, requests without a group id are grouped by
       prompt.
-    - ``confident_match``: with the static threshold, rows whose draft comes from a match of at least this many
-      tokens draft at every batch size, at most ``k`` tokens (0: off): a long match is accepted nearly in full,
-      so such drafts pay even where a step is compute-bound.
-    - ``critical_rows`` / ``critical_k``: critical-path drafting: at every batch size the ``critical_rows``
-      running requests with the longest outputs so far (and longer than every other's) draft up to
-      ``critical_k`` tokens (0 rows: off).  A synchronous rollout ends when its longest response does.
+
+    The static mode's knobs (explicit overrides of the adaptive policy, kept for comparisons and for engines
+    whose cost the policy cannot learn):
+
+    - ``k``: draft tokens per step below the threshold (and the length of confident drafts past it).
+    - ``threshold``: the static threshold (running requests).
+    - ``draft_range``: the draft length by batch size (Seer's adaptive draft range), ``((up_to_running, k),
+      ...)`` with ascending counts: k drafts while at most that many requests run, none above the last.  None:
+      ``k`` up to ``threshold``.
+    - ``confident_match``: rows whose draft comes from a match of at least this many tokens draft at every
+      batch size, at most ``k`` tokens (0: off).
+    - ``critical_rows`` / ``critical_k``: at every batch size the ``critical_rows`` running requests with the
+      longest outputs so far (and longer than every other's) draft up to ``critical_k`` tokens (0 rows: off).
 
     With confident or critical-path drafts on, vLLM gets no batch-size schedule: the proposer applies the range
     itself (`drafts_past_the_range`).
     """
 
     k: int = 3
-    threshold_mode: ThresholdMode = "static"
+    threshold_mode: ThresholdMode = "adaptive"
     threshold: int = 8
     group_drafting: bool = True
     sampled_requests: SampledMode = "auto"
@@ -89,6 +105,9 @@ class SpeculationConfig:
     confident_match: int = 8
     critical_rows: int = 0
     critical_k: int = 16
+    max_draft: int = 32
+    cost_prior: str = "linear"
+    critical_weight: float = 1.0
 
     def __post_init__(self) -> None:
         for name in SPECULATION_LIMITS:
@@ -101,6 +120,11 @@ class SpeculationConfig:
             raise ValueError(f"group_drafting must be true or false, got {self.group_drafting!r}")
         if self.draft_range is not None:
             object.__setattr__(self, "draft_range", checked_draft_range(self.draft_range))
+        weight = self.critical_weight
+        if isinstance(weight, bool) or not isinstance(weight, int | float) or not 1.0 <= weight <= MAX_CRITICAL_WEIGHT:
+            raise ValueError(f"critical_weight must be a number between 1 and {MAX_CRITICAL_WEIGHT}, got {weight!r}")
+        if not isinstance(self.cost_prior, str) or not self.cost_prior:
+            raise ValueError(f"cost_prior must be 'linear' or the path of a cost table, got {self.cost_prior!r}")
 
     def effective_range(self) -> tuple[tuple[int, int], ...]:
         """The draft length by batch size in force: ``draft_range``, or k up to the threshold."""
@@ -108,14 +132,16 @@ class SpeculationConfig:
 
     def largest_draft(self) -> int:
         """vLLM's ``num_speculative_tokens``: the most drafts any step asks for."""
+        if self.threshold_mode == "adaptive":
+            return self.max_draft
         base = self.k if self.draft_range is None or self.threshold_mode != "static" else \
             max(k for _, k in self.draft_range)
         return max(base, self.critical_k) if self.critical_rows else base
 
     def drafts_past_the_range(self) -> bool:
-        """Whether some rows draft beyond the draft range (confident or critical-path drafts): then the
-        proposer applies the range itself, not vLLM's batch-size schedule."""
-        return bool(self.confident_match or self.critical_rows)
+        """Whether some rows draft beyond the draft range (confident or critical-path drafts; every adaptive
+        draft): then the proposer applies the range itself, not vLLM's batch-size schedule."""
+        return self.threshold_mode == "adaptive" or bool(self.confident_match or self.critical_rows)
 
     def to_json(self) -> dict[str, Any]:
         """Plain data (for vLLM's additional_config and reports)."""
@@ -226,3 +252,19 @@ def default_draft_range(setting: str, k: int, threshold: int,
             return ((CUDA_LONG_DRAFT_RUNNING, max(k, LONG_TAIL_DRAFTS)), (CUDA_DRAFT_RUNNING, k))
         return None
     return parse_draft_range(setting)
+
+
+# The step-cost table the package ships per device kind, the adaptive policy's prior there ("auto"): an H100's
+# (bench/results/verify-cost-h100-k24.json, a Qwen3-8B-shaped model).  Elsewhere the linear prior.
+SHIPPED_COST_TABLES: dict[DeviceKind, str] = {"cuda": "h100-qwen3-8b.json"}
+
+
+def resolve_cost_prior(setting: str, device: DeviceKind) -> str:
+    """The cost prior a setting means: "auto" is the table shipped for ``device`` (`SHIPPED_COST_TABLES`) or
+    "linear"; "linear" and paths as they are."""
+    if setting != "auto":
+        return setting
+    shipped = SHIPPED_COST_TABLES.get(device)
+    if shipped is None:
+        return "linear"
+    return str(files("samrollout").joinpath("cost_tables", shipped))

@@ -185,44 +185,73 @@ def check_int(name: str, value: Any, low: int, high: int) -> None:
 
 @dataclass(frozen=True)
 class Draft:
-    """One request's draft: its tokens, the length of the match behind them (its evidence) and where
-    it came from; ``match_length`` 0 and ``source`` None where it drafted nothing."""
+    """One request's draft: its tokens, the length of the match behind them (its evidence), where it came
+    from, and how many of its leading tokens every earlier occurrence of the match continued with (``certain``);
+    ``match_length`` 0 and ``source`` None where it drafted nothing."""
 
     tokens: list[int]
     match_length: int = 0
     source: DraftSourceName | None = None
+    certain: int = 0
 
 
 @dataclass(frozen=True)
 class StepDrafts:
     """One `SamDrafter.step`'s drafts, row for row: the tokens (vLLM's proposer shape), the match
-    length behind each (0: no draft) and each one's source (None: no draft)."""
+    length behind each (0: no draft), each one's source (None: no draft) and its certain prefix."""
 
     tokens: list[list[int]]
     match_lengths: list[int]
     sources: list[DraftSourceName | None]
+    certain: list[int]
 
     def __len__(self) -> int:
         return len(self.tokens)
 
     def __getitem__(self, row: int) -> Draft:
-        return Draft(self.tokens[row], self.match_lengths[row], self.sources[row])
+        return Draft(self.tokens[row], self.match_lengths[row], self.sources[row], self.certain[row])
 
 
 @dataclass(frozen=True)
 class DraftArrays:
     """One `SamDrafter.step_arrays`'s drafts, the arrays the core wrote into: ``drafts[rows, k]``
-    (padded with -1), ``lengths``, ``match_lengths`` (0: no draft) and ``sources`` (native DraftSource
-    values, -1: no draft; `source` names one)."""
+    (padded with -1), ``lengths``, ``match_lengths`` (0: no draft), ``sources`` (native DraftSource
+    values, -1: no draft; `source` names one) and ``certain`` (each draft's certain prefix)."""
 
     drafts: Int32Array
     lengths: Int32Array
     match_lengths: Int32Array
     sources: Int32Array
+    certain: Int32Array
 
     def source(self, row: int) -> DraftSourceName | None:
         """Where row ``row``'s draft came from (None: it drafted nothing)."""
         return source_name(int(self.sources[row]))
+
+
+@dataclass(frozen=True)
+class Candidates:
+    """One `SamDrafter.step_candidates`'s drafts: every source's draft for every row, as arrays indexed
+    [row, source] (source: the position of its name in `DRAFT_SOURCES`): ``drafts[rows, sources, k]`` (padded
+    with -1), ``lengths`` (0: that source has nothing), ``match_lengths`` and ``certain``."""
+
+    drafts: Int32Array
+    lengths: Int32Array
+    match_lengths: Int32Array
+    certain: Int32Array
+
+
+@dataclass(frozen=True)
+class ChosenDrafts:
+    """One `SamDrafter.step_goodput`'s drafts, as arrays: ``drafts[rows, k]`` (padded with -1), ``lengths``
+    (0: none), and the chosen candidate's ``match_lengths``, ``sources`` (native DraftSource values, -1: none)
+    and ``certain`` prefix."""
+
+    drafts: Int32Array
+    lengths: Int32Array
+    match_lengths: Int32Array
+    sources: Int32Array
+    certain: Int32Array
 
 
 def source_name(code: int) -> DraftSourceName | None:
@@ -314,7 +343,8 @@ class SamDrafter:
     def propose(self, request_id: Hashable, k: int) -> Draft:
         """Up to ``k`` draft tokens for the request's next positions (may be none), their match and source."""
         draft = self._core.propose(self._handle(request_id), _check_k(k))
-        return Draft(draft.tokens, draft.match_length, None if draft.source is None else draft.source.name)
+        return Draft(draft.tokens, draft.match_length, None if draft.source is None else draft.source.name,
+                     draft.certain)
 
     def step(self, request_ids: Sequence[Hashable], new_tokens: Sequence[Sequence[int] | npt.NDArray[Any]],
              k: int) -> StepDrafts:
@@ -326,18 +356,58 @@ class SamDrafter:
         if len(request_ids) != len(new_tokens):
             raise ValueError("request_ids and new_tokens must have the same length")
         handles = [self._handle(r) for r in request_ids]
-        drafts, match_lengths, sources = self._core.step_lists(handles, new_tokens, _check_k(k))
-        return StepDrafts(drafts, match_lengths, [_SOURCE_NAMES.get(code) for code in sources])
+        drafts, match_lengths, sources, certain = self._core.step_lists(handles, new_tokens, _check_k(k))
+        return StepDrafts(drafts, match_lengths, [_SOURCE_NAMES.get(code) for code in sources], certain)
+
+    def step_candidates(self, request_ids: Sequence[Hashable],
+                        new_tokens: Sequence[Sequence[int] | npt.NDArray[Any]], k: int) -> Candidates:
+        """Append each row's new tokens, then draft for every row from each source alone (own automaton,
+        group, global index), in one native call: the drafting policy chooses among them (`Candidates`)."""
+        if len(request_ids) != len(new_tokens):
+            raise ValueError("request_ids and new_tokens must have the same length")
+        k = _check_k(k)
+        rows, sources = len(request_ids), len(DRAFT_SOURCES)
+        out = Candidates(np.empty((rows, sources, k), dtype=np.int32),
+                         *(np.empty((rows, sources), dtype=np.int32) for _ in range(3)))
+        self._core.step_candidates([self._handle(r) for r in request_ids], new_tokens, k, out.drafts, out.lengths,
+                                   out.match_lengths, out.certain)
+        return out
+
+    def step_goodput(self, request_ids: Sequence[Hashable], new_tokens: Sequence[Sequence[int] | npt.NDArray[Any]],
+                     k: int, greedy: npt.NDArray[np.uint8], limits: Int32Array, weights: npt.NDArray[np.float64],
+                     seconds: npt.NDArray[np.float64]) -> ChosenDrafts:
+        """One step of the adaptive policy, in one native call (``service/csrc/goodput.hpp``): append each row's
+        new tokens, score every source's last candidate against them, then give each row the source expected to
+        be accepted longest, cut to the length that maximises the batch's weighted expected tokens per second.
+
+        Per row: ``greedy`` (1: greedy; its acceptance is counted apart), ``limits`` (most draft tokens; 0: none,
+        and not scored next step), ``weights``; ``seconds[n]``: the step's seconds with n draft tokens in all."""
+        if len(request_ids) != len(new_tokens):
+            raise ValueError("request_ids and new_tokens must have the same length")
+        k = _check_k(k)
+        rows = len(request_ids)
+        out = ChosenDrafts(np.empty((rows, k), dtype=np.int32), *(np.empty(rows, dtype=np.int32) for _ in range(4)))
+        self._core.step_goodput([self._handle(r) for r in request_ids], new_tokens, k, greedy, limits, weights,
+                                seconds, out.drafts, out.lengths, out.match_lengths, out.sources, out.certain)
+        return out
+
+    def acceptance_table(self) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+        """The adaptive policy's first-token (observations, acceptances) per [source, match bucket] (zeros before
+        its first step); `DRAFT_SOURCES` orders the sources, `match_bucket` names the buckets."""
+        seen = np.zeros((len(DRAFT_SOURCES), int(core.MATCH_BUCKETS)))
+        accepted = np.zeros_like(seen)
+        self._core.acceptance_table(seen, accepted)
+        return seen, accepted
 
     def step_arrays(self, handles: npt.NDArray[np.int64], tokens: Int32Array, offsets: npt.NDArray[np.int64],
                     k: int) -> DraftArrays:
         """Zero-copy batch step on native handles (see `handle`): the core writes every row's draft, its
-        length, match and source into fresh arrays (`DraftArrays`)."""
+        length, match, source and certain prefix into fresh arrays (`DraftArrays`)."""
         k = _check_k(k)
         rows = len(handles)
-        out = DraftArrays(np.empty((rows, k), dtype=np.int32), np.empty(rows, dtype=np.int32),
-                          np.empty(rows, dtype=np.int32), np.empty(rows, dtype=np.int32))
-        self._core.step(handles, tokens, offsets, k, out.drafts, out.lengths, out.match_lengths, out.sources)
+        out = DraftArrays(*(np.empty(shape, dtype=np.int32) for shape in ((rows, k), rows, rows, rows, rows)))
+        self._core.step(handles, tokens, offsets, k, out.drafts, out.lengths, out.match_lengths, out.sources,
+                        out.certain)
         return out
 
     # -- introspection ---------------------------------------------------------------
@@ -391,3 +461,8 @@ def _check_k(k: int) -> int:
     if isinstance(k, bool) or not isinstance(k, int | np.integer) or not 1 <= int(k) <= MAX_DRAFT_TOKENS:
         raise ValueError(f"k must be an integer between 1 and {MAX_DRAFT_TOKENS}, got {k!r}")
     return int(k)
+
+
+def match_bucket(match_length: int) -> int:
+    """The adaptive policy's half-octave bucket of a match length (0: none; 1, 2, 3, 4-5, 6-7, 8-11, ...)."""
+    return int(core.match_bucket(int(match_length)))

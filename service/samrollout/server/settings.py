@@ -17,6 +17,7 @@ import argparse
 import ipaddress
 import json
 import types
+from pathlib import Path
 from typing import Any, Literal, Self, Union, get_args, get_origin
 from urllib.parse import urlsplit
 
@@ -36,6 +37,7 @@ from samrollout.config import (
     default_critical_path,
     default_draft_range,
     parse_draft_range,
+    resolve_cost_prior,
 )
 from samrollout.drafter import DraftPolicy
 from samrollout.server.admission import SchedulingPolicy
@@ -78,12 +80,22 @@ class ServerSettings(BaseSettings):
     allow_unauthenticated_admin: bool = Field(
         False, description="serve /v1 and /admin without a key on a non-loopback --host (otherwise refused)")
     speculation: bool = Field(True, description="SAM speculative decoding on or off")
-    k: int = _speculation("k", description="draft tokens per step")
-    threshold_mode: ThresholdMode = _speculation("threshold_mode", description="off | static | adaptive")
-    threshold: int = _speculation("threshold", description="running requests at or below which drafting runs")
+    threshold_mode: ThresholdMode = _speculation(
+        "threshold_mode", description="adaptive: each row's draft source and length from expected goodput "
+        "(accepted tokens per second of step time, both learned online; it drafts nothing where nothing pays) | "
+        "static: --k drafts while at most --threshold requests run (and the static knobs) | off: --k drafts always")
+    max_draft: int = _speculation("max_draft", metavar="TOKENS",
+                                  description="adaptive: the longest draft a request may get in one step")
+    cost_prior: str = Field(
+        "auto", json_schema_extra=_metavar("auto|linear|PATH"),
+        description="adaptive: the step-cost curve the engine's step times then correct: a cost table's path "
+        "(bench/verify_cost.py), \"linear\" (a compute-bound step), or \"auto\": the table shipped for the "
+        "device (CUDA: an H100's), else linear")
+    k: int = _speculation("k", description="static and off: draft tokens per step")
+    threshold: int = _speculation("threshold", description="static: running requests at or below which drafting runs")
     draft_range: str = Field(
         "auto", json_schema_extra=_metavar("auto|none|R:K,..."),
-        description='draft length by running requests, "R:K,..." (k drafts while at most R run, none '
+        description='static: draft length by running requests, "R:K,..." (k drafts while at most R run, none '
         'above the last R), e.g. "2:16,8:8"; "none": --k up to --threshold; "auto": the backend\'s projected '
         f"default (CUDA: {CUDA_DRAFT_RANGE_TEXT} with K = --k, {LONG_TAIL_DRAFTS} raised to --k if larger; CPU and "
         "NPU: none, --k up to --threshold)")
@@ -95,13 +107,15 @@ class ServerSettings(BaseSettings):
         "prompt (LRU; 0: off); with it on, requests without a group id are grouped by prompt")
     confident_match: int = _speculation(
         "confident_match", metavar="TOKENS",
-        description="past the threshold, rows whose draft comes from a match of at least this many tokens "
+        description="static: past the threshold, rows whose draft comes from a match of at least this many tokens "
         "still draft, at most --k tokens (0: off)")
     critical_path: str = Field(
         "auto", json_schema_extra=_metavar("auto|none|ROWS:K"),
-        description='critical-path drafting, "ROWS:K": at every batch size the ROWS running requests '
-        "that have run longest (and longer than the rest) draft up to K tokens; \"none\": off; \"auto\": the "
-        f"backend's projected default (CUDA: {CUDA_CRITICAL_PATH_TEXT}; CPU and NPU: none)")
+        description='critical path, "ROWS:K": the ROWS running requests that have run longest (and longer '
+        "than the rest) weigh K times in the adaptive goodput (for synchronous trainers: a step ends with its "
+        "longest response), or in the static mode draft up to K tokens at every batch size; \"none\": off; "
+        f"\"auto\": adaptive none; static: the backend's projected default (CUDA: {CUDA_CRITICAL_PATH_TEXT}; CPU "
+        "and NPU: none)")
     draft_history_responses: int = _speculation(
         "history_responses", metavar="N",
         description="earlier responses kept per prompt (the newest)")
@@ -219,6 +233,14 @@ class ServerSettings(BaseSettings):
         default_critical_path(value, "cpu")  # raises ValueError saying how to write it
         return value
 
+    @field_validator("cost_prior")
+    @classmethod
+    def _valid_cost_prior(cls, value: str) -> str:
+        if value not in ("auto", "linear") and not Path(value).is_file():
+            raise ValueError(f"cost prior {value!r}: give auto, linear or the path of a cost table JSON "
+                             "(bench/verify_cost.py writes them)")
+        return value
+
     @field_validator("weight_peers")
     @classmethod
     def _valid_weight_peers(cls, value: str) -> str:
@@ -264,10 +286,15 @@ class ServerSettings(BaseSettings):
         if not self.speculation:
             return None
         values = {target: getattr(self, name) for name, target in speculation_fields().items()}
+        policy = DraftPolicy.from_dict(self.draft_policy)
+        if self.threshold_mode == "adaptive":
+            rows, weight = (0, 1) if self.critical_path == "auto" else default_critical_path(self.critical_path, device)
+            return SpeculationConfig(**values, policy=policy, critical_rows=rows, critical_weight=float(weight),
+                                     cost_prior=resolve_cost_prior(self.cost_prior, device))
         critical_rows, critical_k = default_critical_path(self.critical_path, device)
         return SpeculationConfig(
-            **values, policy=DraftPolicy.from_dict(self.draft_policy), critical_rows=critical_rows,
-            critical_k=critical_k, draft_range=default_draft_range(self.draft_range, self.k, self.threshold, device))
+            **values, policy=policy, critical_rows=critical_rows, critical_k=critical_k,
+            draft_range=default_draft_range(self.draft_range, self.k, self.threshold, device))
 
     def public_model_name(self, model_path: str) -> str:
         """The model name clients send and `/v1/models` lists."""

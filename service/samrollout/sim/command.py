@@ -8,12 +8,15 @@ Replays real responses (at their real lengths) as one synchronous rollout per se
 - ``suffix``: vLLM's SuffixDecoding at its defaults (global cache on, k 24, every step);
   ``suffix-kN``: the same at k = N; ``suffix-nocache``: its global tree off;
 - ``ngram``: vLLM's n-gram at k 3 (vLLM has no default k); ``ngram-kN``;
-- ``samrollout``: ours at the server's defaults for the cost table's device kind (`ServerSettings`);
-  ``samrollout-kN``: ours drafting N tokens up to the threshold; ``samrollout-tN``: threshold N;
-  ``samrollout-cN``: confident drafts from matches of N+ tokens (0: none past the threshold);
-  ``samrollout-rB.K-rB.K...``: the draft range, K tokens while at most B run (threshold: the last B);
-  ``samrollout-pN.K``: critical-path drafting, the N longest-running rows draft up to K tokens (N 0: off);
-  ``samrollout-sP``: match_scale P/100 (a match of L tokens drafts at most P/100 * L); ``-mN``: min_match_length N;
+- ``samrollout``: ours at the server's defaults for the cost table's device kind (`ServerSettings`: the
+  adaptive policy); ``samrollout-aN``: its longest draft N; ``samrollout-pN.W``: the N longest-running rows
+  weigh W (critical path);
+- ``samrollout-static``: ours with the static threshold and its knobs at their defaults for the device kind
+  (the server's defaults until the adaptive policy); ``samrollout-static-kN``: N tokens up to the threshold;
+  ``-tN``: threshold N; ``-cN``: confident drafts from matches of N+ tokens (0: none past the threshold);
+  ``-rB.K-rB.K...``: the draft range, K tokens while at most B run (threshold: the last B); ``-pN.K``:
+  critical-path drafting, the N longest-running rows draft up to K tokens (N 0: off);
+- on either: ``-sP``: match_scale P/100 (a match of L tokens drafts at most P/100 * L); ``-mN``: min_match_length N;
 - a ``+length-aware`` or ``+fcfs`` suffix on any mode: the server's length-aware admission or fcfs
   (default: fcfs for vLLM's modes and off, the server's default scheduling for ours);
 - then ``+divided`` (or ``+dividedN``): the client's divided rollout across ``--instances``, a
@@ -47,8 +50,8 @@ from samrollout.server.admission import SCHEDULING_POLICIES, SchedulingPolicy
 from samrollout.sim.cost import CostTable
 from samrollout.sim.rollout import SimResult, SimSettings, simulate
 
-DEFAULT_MODES = "off,ngram,suffix,samrollout,samrollout+fcfs"
-_MODE = re.compile(r"^(off|ngram|suffix|suffix-nocache|samrollout)((?:-[ktcsm]\d+|-[rp]\d+\.\d+)*)"
+DEFAULT_MODES = "off,ngram,suffix,samrollout-static,samrollout,samrollout+fcfs"
+_MODE = re.compile(r"^(off|ngram|suffix|suffix-nocache|samrollout-static|samrollout)((?:-[ktcsma]\d+|-[rp]\d+\.\d+)*)"
                    rf"(\+(?:{'|'.join(map(re.escape, SCHEDULING_POLICIES))}))?$")
 ModePlan = tuple[str, int, SpeculationConfig | None, SchedulingPolicy]
 """A mode's (drafter kind, k, our config or None, scheduling)."""
@@ -120,10 +123,23 @@ def mode_settings(name: str, device_kind: DeviceKind) -> ModePlan:
         return base, 1, None, scheduling
     from samrollout.server.settings import ServerSettings
 
-    server = ServerSettings.model_validate({})
+    server = ServerSettings.model_validate({"threshold_mode": "static"} if base == "samrollout-static" else {})
     config = server.speculation_config(device_kind)
     assert config is not None
     scheduling = cast(SchedulingPolicy, order[1:]) if order else server.rollout_scheduling
+    if config.threshold_mode == "adaptive":
+        if "a" in values:
+            config = replace(config, max_draft=values["a"])
+        if critical:
+            config = replace(config, critical_rows=critical[-1][0], critical_weight=float(critical[-1][1]))
+        if "s" in values or "m" in values:
+            config = replace(config, policy=replace(
+                config.policy, match_scale=values.get("s", round(config.policy.match_scale * 100)) / 100,
+                min_match_length=values.get("m", config.policy.min_match_length)))
+        unused = sorted(set(values) - {"a", "s", "m"}) + (["r"] if draft_range else [])
+        if unused:
+            raise ValueError(f"mode {name!r}: options {unused} are the static mode's: use samrollout-static-...")
+        return base, config.largest_draft(), config, scheduling
     if "t" in values:
         config = replace(config, threshold=values["t"],
                          draft_range=None if config.draft_range is None else
@@ -140,6 +156,8 @@ def mode_settings(name: str, device_kind: DeviceKind) -> ModePlan:
         config = replace(config, confident_match=values["c"])
     if critical:
         config = replace(config, critical_rows=critical[-1][0], critical_k=critical[-1][1])
+    if "a" in values:
+        raise ValueError(f"mode {name!r}: -aN (longest draft) is the adaptive policy's: use samrollout-aN")
     return base, config.largest_draft(), config, scheduling
 
 
@@ -148,7 +166,7 @@ def drafter_factory(kind: str, vocab: int, config: SpeculationConfig | None,
     """A fresh drafter per instance for a mode (None: no speculation)."""
     if kind == "off":
         return None
-    if kind == "samrollout":
+    if kind.startswith("samrollout"):
         from samrollout.replay.drafters import SamReplayDrafter
 
         assert config is not None

@@ -31,13 +31,18 @@ depend on the context.
 from __future__ import annotations
 
 import bisect
+import functools
 import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
+
 Grid = tuple[float, ...]
+FloatArray = npt.NDArray[np.float64]
 
 
 def _bracket(xs: Grid, x: float) -> tuple[int, int, float]:
@@ -130,6 +135,28 @@ class CostTable:
         if w == 0.0:
             return t_lo
         return _mix(t_lo, self.slices[hi].at(rows, tokens_per_row), w)
+
+    def step_seconds_many(self, rows: int, tokens_per_row: npt.ArrayLike, context: float) -> FloatArray:
+        """`step_seconds` at many tokens per row at once (the drafting policy weighs every draft length of a
+        step): exact at the table's measured q's, which are the knots of the piecewise-linear rule, linear
+        between them, and beyond the last extrapolated from the last two (never below the last)."""
+        knots = self.q_knots()
+        values = np.array([self.step_seconds(rows, q, context) for q in knots])
+        qs = np.asarray(tokens_per_row, dtype=np.float64)
+        inside: FloatArray = np.interp(qs, knots, values)
+        if len(knots) < 2:
+            return inside
+        slope = (values[-1] - values[-2]) / (knots[-1] - knots[-2])
+        beyond = values[-1] + np.maximum(slope, 0.0) * (qs - knots[-1])
+        return np.where(qs > knots[-1], beyond, inside)
+
+    def q_knots(self) -> FloatArray:
+        """Every q (tokens per row) measured anywhere in the table, ascending: the knots of its curve in q."""
+        return self._q_knots
+
+    @functools.cached_property
+    def _q_knots(self) -> FloatArray:
+        return np.array(sorted({q for s in self.slices for qs in s.qs for q in qs}))
 
     def prefill_seconds(self, tokens: int, context: float) -> float:
         """Seconds that prefilling `tokens` prompt tokens adds to a step: tokens x the compute-bound per-token

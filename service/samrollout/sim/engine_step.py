@@ -71,10 +71,12 @@ def advance(instance: SimInstance, settings: SimSettings, cost: CostTable, admis
         if seq.first_version < 0:
             seq.first_version = version
     instance.running = decoding + admitted
-    seconds = _step_seconds(cost, decoding, step_tokens, prefill_tokens)
+    # The step's time passes before the drafter runs, as in vLLM (the proposer sees the step's sampled tokens
+    # and the engine's clock after it), then the drafter's own time when it is charged.
+    instance.clock += _step_seconds(cost, decoding, step_tokens, prefill_tokens)
     drafter_seconds = draft(instance)
     counters.drafter_s += drafter_seconds
-    instance.clock += seconds + (drafter_seconds * settings.drafter_time_scale if settings.charge_drafter else 0.0)
+    instance.clock += drafter_seconds * settings.drafter_time_scale if settings.charge_drafter else 0.0
     counters.steps += 1
     finished = _finish(instance, admission)
     _preempt(instance, settings.kv_tokens, counters)
@@ -177,5 +179,5 @@ def draft(instance: SimInstance) -> float:
     elapsed = time.thread_time() - start
     for seq, proposed in zip(rows, drafts, strict=True):
         room = len(seq.truth) - seq.generated
-        seq.draft = list(proposed[:instance.k]) if room > 0 else []
+        seq.draft = list(proposed[:instance.k]) if room > 0 and not seq.rerun else []
     return elapsed

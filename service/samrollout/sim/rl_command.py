@@ -39,6 +39,7 @@ from samrollout.sim.rl_loop import (
     simulate_loop,
 )
 from samrollout.sim.state import SimSettings
+from samrollout_client.partial import DEFAULT_MAX_STALENESS
 
 LOOP_NAMES = {"sync": "sync-wait", "sync-abort": "sync-abort", "async": "async-continue"}
 MODE_PREFIX = {loop: name for name, loop in LOOP_NAMES.items()}
@@ -70,9 +71,11 @@ def add_simulate_rl_parser(commands: Any) -> None:
     p.add_argument("--steps", type=int, default=None,
                    help="trainer steps (default: as many as the stream holds, one batch kept back for async)")
     p.add_argument("--train-ratio", default="0",
-                   help="training time per step as a ratio of the sync + off rollout time, comma-separated")
+                   help="training time per step as a ratio of the sync + off (fcfs) rollout time on the first "
+                        "placement, comma-separated (one trainer for every placement and mode)")
     p.add_argument("--train-s", type=float, default=None, help="training time per step in seconds (instead)")
-    p.add_argument("--max-staleness", default="1", help="async staleness bounds, comma-separated ('none': no bound)")
+    p.add_argument("--max-staleness", default=str(DEFAULT_MAX_STALENESS),
+                   help="async staleness bounds, comma-separated ('none': no bound; default: the client's)")
     p.add_argument("--oversample", type=float, default=0.5, help="sync-abort: extra groups, as a fraction")
     p.add_argument("--max-concurrent-groups", type=int, default=None, help="async: groups held (default two batches)")
     p.add_argument("--checkpoint-gb", type=float, default=16.0, help="checkpoint size in GB (Qwen3-8B in bf16: 16)")
@@ -83,7 +86,8 @@ def add_simulate_rl_parser(commands: Any) -> None:
     p.add_argument("--kv", choices=["recompute", "keep"], default="recompute",
                    help="continue updates: recompute the KV of the tokens in flight, or keep it")
     p.add_argument("--drafter-time-scale", default="1",
-                   help="charge the drafters' measured CPU time times this, comma-separated (0.5: a CPU twice as fast)")
+                   help="charge the drafters' measured CPU time times this, comma-separated (0: not charged; 0.5: a "
+                        "CPU twice as fast; bench/host_speed.py measures this host against a reference)")
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
                    help="simulations run side by side, one process each (default: one per CPU)")
     p.add_argument("--json", help="write every projection to this JSON file")
@@ -131,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
                     for transfer in transfers:
                         for scale in map(float, _split(args.drafter_time_scale)):
                             sim = SimSettings(slots=slots, kv_tokens=args.kv_tokens, instances=instances,
-                                              drafter_time_scale=scale)
+                                              charge_drafter=scale > 0, drafter_time_scale=scale)
                             updates = UpdateCosts(checkpoint_bytes=args.checkpoint_gb * 1e9, transfer=transfer,  # type: ignore[arg-type]
                                                   link_gbit_s=args.link_gbit, disk_gbyte_s=args.disk_gbyte_s,
                                                   load_gbyte_s=args.load_gbyte_s, kv=args.kv)
@@ -167,10 +171,10 @@ def _run_task(task: _Task) -> dict[str, Any]:
     return {**result.as_dict(), "k": k, "scheduling": scheduling, "simulation_wall_s": time.perf_counter() - started}
 
 
-# How long a drafter's simulation takes, relative to the others: the replayed vLLM `suffix` drafter
-# (a global cache over every response) is most of a run's time, the engine without drafts the least.
-_SIMULATION_WEIGHT = {"off": 0, "samrollout": 1}
-_OTHER_DRAFTER_WEIGHT = 2
+def _simulation_weight(kind: str) -> int:
+    """How long a drafter's simulation takes, relative to the others: the replayed vLLM `suffix` drafter
+    (a global cache over every response) is most of a run's time, the engine without drafts the least."""
+    return 0 if kind == "off" else 1 if kind.startswith("samrollout") else 2
 
 
 def _longest_first(tasks: list[_Task]) -> list[int]:
@@ -178,7 +182,7 @@ def _longest_first(tasks: list[_Task]) -> list[int]:
     with a `suffix` simulation after the others have run dry)."""
     def weight(index: int) -> tuple[int, int]:
         task = tasks[index]
-        return (_SIMULATION_WEIGHT.get(task.plan[0], _OTHER_DRAFTER_WEIGHT), task.loop.steps)
+        return (_simulation_weight(task.plan[0]), task.loop.steps)
     return sorted(range(len(tasks)), key=weight, reverse=True)
 
 
@@ -197,26 +201,28 @@ def project(args: argparse.Namespace, shape: dict[str, Any], stream: list[LoopGr
             cost: CostTable, device_kind: DeviceKind) -> list[dict[str, Any]]:
     """One shape under every placement, training time and staleness bound: a projection each, printed.
 
-    First sync + off per placement (what ``--train-ratio`` is a ratio of), then every loop and drafter,
-    ``--jobs`` at a time.  The sync loops do not depend on the staleness bound: each runs once per
-    placement and training time."""
+    One trainer for the whole shape: ``--train-ratio`` is a ratio of the synchronous step's rollout time of
+    sync + off under fcfs on the first placement, and that training time, in seconds, is every placement's and
+    every mode's.  Then every loop and drafter, ``--jobs`` at a time.  The sync loops do not depend on the
+    staleness bound: each runs once per placement and training time."""
     batch = args.batch_groups or shape["prompts"]
     ratios: list[float | None] = [None] if args.train_s is not None else [float(r) for r in _split(args.train_ratio)]
     bounds = [_staleness(text) for text in _split(args.max_staleness)]
     bases = {placement: LoopSettings(loop="sync-wait", steps=0, batch_groups=batch, placement=placement,  # type: ignore[arg-type]
                                      oversample=args.oversample, max_concurrent_groups=args.max_concurrent_groups,
                                      updates=updates) for placement in placements}
-    off: ModePlan = ("off", 1, None, "fcfs")
-    baselines = _run_all([_Task("sync-off", stream, off, replace(base, train_s=0.0, steps=_steps(
-        args, stream, batch, "sync-wait")), sim, vocab, cost, device_kind) for base in bases.values()]
-        if any(ratios) else [], args.jobs)
-    sync_off_s = {placement: statistics.mean(report["step_rollout_s"]) if report["step_rollout_s"] else 0.0
-                  for placement, report in zip(bases, baselines, strict=True)} if baselines else {}
+    reference = bases[placements[0]]
+    sync_off_s = 0.0
+    if any(ratios):
+        off: ModePlan = ("off", 1, None, "fcfs")
+        report = _run_all([_Task("sync-off", stream, off, replace(reference, train_s=0.0, steps=_steps(
+            args, stream, batch, "sync-wait")), sim, vocab, cost, device_kind)], args.jobs)[0]
+        sync_off_s = statistics.mean(report["step_rollout_s"]) if report["step_rollout_s"] else 0.0
     keys: list[tuple[str, float | None, int | None, str]] = []
     tasks: list[_Task] = []
     for placement, base in bases.items():
         for ratio in ratios:
-            train_s = args.train_s if ratio is None else ratio * sync_off_s.get(placement, 0.0)
+            train_s = args.train_s if ratio is None else ratio * sync_off_s
             for loop in loops:
                 for bound in bounds if loop == "async-continue" else [None]:
                     for drafter, plan in drafters.items():
@@ -230,46 +236,47 @@ def project(args: argparse.Namespace, shape: dict[str, Any], stream: list[LoopGr
     out: list[dict[str, Any]] = []
     for placement in placements:
         for ratio in ratios:
-            train_s = args.train_s if ratio is None else ratio * sync_off_s.get(placement, 0.0)
+            train_s = args.train_s if ratio is None else ratio * sync_off_s
             for bound in bounds:
                 modes = {name: report for (p, r, b, name), report in reports.items()
                          if p == placement and r == ratio and (b == bound or not name.startswith("async"))}
-                projection = {**shape, "placement": placement, "batch_groups": batch, "train_ratio": ratio,
-                              "train_s": train_s, "sync_off_rollout_s": sync_off_s.get(placement), "staleness": bound,
-                              "modes": modes}
+                projection = {**shape, "placement": placement, "batch_groups": batch,
+                              "max_concurrent_groups": args.max_concurrent_groups or 2 * batch,
+                              "train_ratio": ratio, "train_s": train_s, "train_reference":
+                              f"sync + off (fcfs), {placements[0]} placement: {sync_off_s:.1f} s per step's rollout",
+                              "sync_off_rollout_s": sync_off_s, "staleness": bound, "modes": modes}
                 print(format_projection(projection), flush=True)
                 out.append(projection)
     return out
 
 
 def _steps(args: argparse.Namespace, stream: list[LoopGroup], batch: int, loop: str) -> int:
-    """The steps asked for, or as many as the stream holds (async keeps one batch back: it is in flight)."""
+    """The steps asked for, or as many as the stream holds: an asynchronous loop holds its concurrent groups,
+    and the stream must still refill them after every step but the last."""
     if args.steps is not None:
         return int(args.steps)
-    held = 0 if loop != "async-continue" else batch
     if loop == "sync-abort":
         return max(1, len(stream) // groups_sent(LoopSettings(loop="sync-abort", steps=0, batch_groups=batch,
                                                               oversample=args.oversample)))
-    return max(1, (len(stream) - held) // batch)
+    if loop == "async-continue":
+        held = args.max_concurrent_groups or 2 * batch
+        return max(1, (len(stream) - held) // batch + 1)
+    return max(1, len(stream) // batch)
 
 
 def format_projection(projection: dict[str, Any]) -> str:
-    """A table: samples/s (and against sync-off), staleness, update time, recomputed tokens, history hits."""
+    """A table: delivered tokens/s and samples/s, whole run and steady state, staleness, updates, history hits."""
     modes = projection["modes"]
-    base = next((m["samples_per_s"] for name, m in modes.items() if name == "sync-off"), None)
     lines = [f"\n== {Path(projection['traces']).name} ({projection['responses']}), {projection['instances']} x "
-             f"{projection['slots']} slots, {projection['placement']}, batch {projection['batch_groups']} groups, "
-             f"train {projection['train_s']:.1f} s (ratio {projection['train_ratio']}), staleness "
-             f"{projection['staleness']}, weights {projection['weights']}, drafter time x"
-             f"{projection['drafter_time_scale']}",
-             f"{'mode':<22}{'samples/s':>10}{'x sync-off':>11}{'wall s':>9}{'update s':>9}{'recomp tok':>11}"
-             f"{'discard tok':>12}{'hit rate':>9}{'MAL':>6}  staleness"]
+             f"{projection['slots']} slots, {projection['placement']}, batch {projection['batch_groups']} groups "
+             f"({projection['max_concurrent_groups']} held async), train {projection['train_s']:.1f} s (ratio "
+             f"{projection['train_ratio']}), staleness {projection['staleness']}, weights {projection['weights']}, "
+             f"drafter time x{projection['drafter_time_scale']}",
+             f"{'mode':<30}{'tok/s':>8}{'steady':>8}{'samp/s':>8}{'steady':>8}{'mean len':>9}{'steps':>6}"
+             f"{'wall s':>8}{'discard':>9}{'hit':>5}{'MAL':>6}{'drafter s':>10}"]
     for name, m in modes.items():
-        ratio = m["samples_per_s"] / base if base else float("nan")
-        stale = ",".join(f"{k}:{v}" for k, v in m["staleness"].items())
-        lines.append(f"{name:<22}{m['samples_per_s']:>10.4f}{ratio:>11.2f}{m['wall_s']:>9.0f}{m['update_s']:>9.1f}"
-                     f"{m['recomputed_tokens']:>11}{m['discarded_tokens']:>12}{m['history_hit_rate']:>9.2f}"
-                     f"{m['mean_acceptance_length']:>6.2f}  {stale}")
+        lines.append(f"{name:<30}{m['tokens_per_s']:>8.1f}{m['steady']['tokens_per_s']:>8.1f}"
+                     f"{m['samples_per_s']:>8.4f}{m['steady']['samples_per_s']:>8.4f}{m['mean_length']:>9.0f}"
+                     f"{len(m['step_end_s']):>6}{m['wall_s']:>8.0f}{m['discarded_tokens']:>9}"
+                     f"{m['history_hit_rate']:>5.2f}{m['mean_acceptance_length']:>6.2f}{m['drafter_s']:>10.1f}")
     return "\n".join(lines)
-
-

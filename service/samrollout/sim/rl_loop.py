@@ -48,6 +48,7 @@ from samrollout.sim.admission import Admission
 from samrollout.sim.cost import CostTable
 from samrollout.sim.engine_step import EngineCounters, advance
 from samrollout.sim.state import SimInstance, SimSequence, SimSettings
+from samrollout_client.partial import DEFAULT_MAX_STALENESS
 from samrollout_client.placement import LengthHistory, place_affine, plan_affine
 
 Loop = Literal["sync-wait", "sync-abort", "async-continue"]
@@ -125,7 +126,7 @@ class LoopSettings:
     batch_groups: int
     train_s: float = 0.0
     oversample: float = 0.5                    # sync-abort
-    max_staleness: int | None = 1              # async-continue (None: no bound)
+    max_staleness: int | None = DEFAULT_MAX_STALENESS  # async-continue (None: no bound); the client's default
     max_concurrent_groups: int | None = None   # async-continue (None: two batches)
     placement: SimPlacement = "affine"
     updates: UpdateCosts = field(default_factory=UpdateCosts)
@@ -150,11 +151,17 @@ class LoopResult(EngineCounters):
     step_rollout_s: list[float] = field(default_factory=list)  # per step: how long the trainer waited for it
     step_end_s: list[float] = field(default_factory=list)      # per step: when its update was done
     step_samples: list[int] = field(default_factory=list)      # per step: samples handed over
+    step_tokens: list[int] = field(default_factory=list)       # per step: their response tokens
 
     @property
     def samples_per_s(self) -> float:
         """Samples handed to the trainer per second of its loop (rollouts, training and updates)."""
         return self.samples / self.wall_s if self.wall_s else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Response tokens handed to the trainer per second of its loop."""
+        return self.useful_tokens / self.wall_s if self.wall_s else 0.0
 
     @property
     def steady_samples_per_s(self) -> float:
@@ -164,10 +171,27 @@ class LoopResult(EngineCounters):
             return self.samples_per_s
         return sum(self.step_samples[1:]) / (self.step_end_s[-1] - self.step_end_s[0])
 
+    @property
+    def steady_tokens_per_s(self) -> float:
+        """`tokens_per_s` without the first step (see `steady_samples_per_s`)."""
+        if len(self.step_end_s) < 2:
+            return self.tokens_per_s
+        return sum(self.step_tokens[1:]) / (self.step_end_s[-1] - self.step_end_s[0])
+
+    @property
+    def mean_length(self) -> float:
+        """Mean response length, in tokens, of the samples handed to the trainer."""
+        return self.useful_tokens / self.samples if self.samples else 0.0
+
     def as_dict(self) -> dict[str, Any]:
-        """Plain data for the JSON report."""
-        return {"samples_per_s": self.samples_per_s, "steady_samples_per_s": self.steady_samples_per_s,
+        """Plain data for the JSON report: the whole run and its steady state (the first step left out)."""
+        return {"samples_per_s": self.samples_per_s, "tokens_per_s": self.tokens_per_s,
+                "mean_length": self.mean_length,
+                "steady": {"samples_per_s": self.steady_samples_per_s, "tokens_per_s": self.steady_tokens_per_s,
+                           "steps": max(0, len(self.step_end_s) - 1)},
+                "steady_samples_per_s": self.steady_samples_per_s,
                 "samples": self.samples, "wall_s": self.wall_s, "step_end_s": self.step_end_s,
+                "step_samples": self.step_samples, "step_tokens": self.step_tokens,
                 "useful_tokens": self.useful_tokens, "discarded_tokens": self.discarded_tokens,
                 "recomputed_tokens": self.recomputed_tokens, "update_s": self.update_s,
                 "restarted_samples": self.restarted_samples,
@@ -386,6 +410,7 @@ async def _run_sync(stream: Sequence[LoopGroup], drafter_factory: Callable[[], R
         result.update_s += now - done_s - loop.train_s
         result.step_end_s.append(now)
         result.step_samples.append(sum(len(group.sequences) for group in batch))
+        result.step_tokens.append(sum(len(seq.truth) for group in batch for seq in group.sequences))
     result.wall_s = now
     return result
 
@@ -421,6 +446,7 @@ async def _run_async(stream: Sequence[LoopGroup], drafter_factory: Callable[[], 
         result.update_s += now - ready_s - loop.train_s
         result.step_end_s.append(now)
         result.step_samples.append(sum(len(group.sequences) for group in batch))
+        result.step_tokens.append(sum(len(seq.truth) for group in batch for seq in group.sequences))
     result.wall_s = now
     return result
 
@@ -503,6 +529,7 @@ class _PartialRollout:
                 result.discarded_tokens += len(seq.truth)
                 self.cluster.abort(seq, group.instance)
                 seq.group = -1 - result.restarted_samples  # a fresh sibling group in the drafter: not its old text
+                seq.rerun = True
                 seq.ready_s = now
                 self.cluster.admission.enqueue(group.instance, [seq], f"r{seq.index}")
                 self.cluster.admission.release(group.instance)

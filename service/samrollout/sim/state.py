@@ -48,6 +48,9 @@ class SimSequence:
     ready_s: float = 0.0            # not admitted before this (a moved sequence, from when it left)
     prompt_key: str = ""            # the prompt's identity across epochs (length history, history hits)
     first_version: int = -1         # the weight version that sampled its first token (-1: none yet)
+    # A restarted sample replays its recorded tokens only as a stand-in for a new response of that length:
+    # the new text is not in the trace, so nothing drafts for it (its first run is in every drafter's memory).
+    rerun: bool = False
     full: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int32))  # prompt + response
 
     def __post_init__(self) -> None:

@@ -16,7 +16,6 @@ simulator its simulated time), which the adaptive gate turns into step times.
 from __future__ import annotations
 
 import bisect
-import heapq
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Collection, Hashable, Sequence
@@ -27,10 +26,12 @@ import numpy as np
 import numpy.typing as npt
 
 from samrollout.config import SpeculationConfig
-from samrollout.drafter import DRAFT_SOURCES, DraftSourceName, SamDrafter, StepDrafts
+from samrollout.drafter import DRAFT_SOURCES, DraftSourceName, SamDrafter, StepDrafts, source_name
 from samrollout.history import ResponseHistory
 from samrollout.spec_decode.gate import Gate, make_gate
+from samrollout.spec_decode.goodput import GoodputPolicy, critical_weights, longest_rows
 from samrollout.spec_decode.stats import STEP_SECONDS_BUCKETS, HistoryStats, ProposerStats, SourceCounts
+from samrollout.spec_decode.step_cost import StepCost, cost_shape
 from samrollout_client.prompt_identity import prompt_digest, prompt_group
 
 TokenRow = Sequence[int] | npt.NDArray[Any]
@@ -135,10 +136,15 @@ class DraftSession:
         self.settings = settings
         self.k = settings.largest_draft
         self.confident_k = min(settings.confident_k, settings.largest_draft)
-        self.policy = config.policy.for_hardware(on_cpu=settings.on_cpu)
+        # The adaptive policy weighs short matches itself: "auto" keeps every match there.
+        self.policy = config.policy.for_hardware(on_cpu=settings.on_cpu and config.threshold_mode != "adaptive")
         self.drafter = SamDrafter(vocab_size, self.policy)
         self.schedule = list(settings.schedule) if settings.schedule is not None else None
         self.gate: Gate = make_gate(config, self.schedule)
+        # The adaptive policy: each row's draft length from expected goodput (`samrollout.spec_decode.goodput`).
+        self.goodput = (GoodputPolicy(self.k, StepCost(cost_shape(config.cost_prior)))
+                        if config.threshold_mode == "adaptive" else None)
+        self._last_context = 0.0  # the mean context of the rows drafted for at the last step
         # Cross-epoch history (SpeculationConfig.history_tokens): earlier responses per prompt join a
         # group's automaton at the group's first step that may draft (in the tail, so few groups ever pay).
         self.history = (ResponseHistory(config.history_tokens, config.history_responses)
@@ -174,10 +180,10 @@ class DraftSession:
         running = sum(1 for row in rows if row.sampled)
         self._forget_departed(present)
         indexed = self._index(rows)
-        # A step that also prefilled (partial, new or resumed) is no decode step: its time is not the gate's.
-        if self._last_call is not None and running == len(rows) and not indexed.added:
-            produced = sum(row.sampled for row in rows)
-            self.gate.observe_step(running, self.last_step_drafted, now - self._last_call, produced)
+        # A step that also prefilled (partial, new or resumed) is no decode step: its time is not the cost model's.
+        decode_step = self._last_call is not None and running == len(rows) and not indexed.added
+        if self.goodput is not None and decode_step:
+            self._learn(indexed, now)
         drafts, sources, step_allowed = self._draft(rows, indexed, running, largest)
         self._record(indexed, drafts, sources, running, step_allowed)
         self._last_call = now
@@ -216,6 +222,8 @@ class DraftSession:
         ids, drafted_rows, counters = indexed.ids, indexed.rows, self.counters
         drafts: list[list[int]] = [[] for _ in rows]
         self.last_proposal = None
+        if self.goodput is not None:
+            return self._draft_for_goodput(rows, indexed, largest, drafts)
         step_allowed = bool(ids) and self.gate.allow_step(running)
         # Earlier responses join a group before its first step that may draft: past the threshold
         # too when long matches draft there (they are most of what confident drafts match).
@@ -227,18 +235,62 @@ class DraftSession:
         self.last_proposal = (ids, proposal)
         proposed = proposal.tokens
         if step_allowed:
-            self._keep(drafts, ids, drafted_rows, proposed, self.gate.draft_limit(running, largest), rows)
+            self._keep(drafts, drafted_rows, proposed, self.gate.draft_limit(running, largest), rows)
         elif self.config.confident_match and any(proposed):
             # Past the threshold only drafts with long evidence: a long match is accepted
             # nearly in full, so it pays even where a step is compute-bound.
             confident = [draft if match >= self.config.confident_match else []
                          for draft, match in zip(proposed, proposal.match_lengths, strict=True)]
-            counters.confident_drafts += self._keep(drafts, ids, drafted_rows, confident,
+            counters.confident_drafts += self._keep(drafts, drafted_rows, confident,
                                                     min(self.confident_k, largest), rows)
             counters.longest_confident_draft = max([counters.longest_confident_draft, *map(len, drafts)])
         if self.config.critical_rows:
-            counters.critical_drafts += self._keep_critical(drafts, ids, drafted_rows, proposed, largest, rows)
+            counters.critical_drafts += self._keep_critical(drafts, drafted_rows, proposed, largest, rows)
         return drafts, proposal.sources, step_allowed
+
+    def _learn(self, indexed: _Indexed, now: float) -> None:
+        """The adaptive policy learns the step just finished (a decode step): its time against the tokens it
+        verified.  (How each row's candidates fared is scored in the native step.)"""
+        assert self.goodput is not None
+        if self._last_call is not None and indexed.ids:
+            verified = len(indexed.ids) + sum(self._last_draft.get(r, 0) for r in indexed.ids)
+            self.goodput.cost.observe(len(indexed.ids), verified, self._last_context, now - self._last_call)
+
+    def _draft_for_goodput(self, rows: Sequence[StepRow], indexed: _Indexed, largest: int,
+                           drafts: list[list[int]]) -> tuple[list[list[int]], list[DraftSourceName | None], bool]:
+        """The adaptive policy (`samrollout.spec_decode.goodput`): each row's source and draft length."""
+        assert self.goodput is not None
+        ids, drafted_rows = indexed.ids, indexed.rows
+        if self._unjoined:
+            self._join_history(ids)
+        if not ids:
+            return drafts, [], False
+        limits = [self._row_limit(rows[i]) for i in drafted_rows]
+        weights = np.ones(len(ids))
+        if self.config.critical_rows:
+            weights = critical_weights([rows[i].length - rows[i].prompt_length for i in drafted_rows],
+                                       self.config.critical_rows, self.config.critical_weight)
+        self._last_context = sum(rows[i].length for i in drafted_rows) / len(drafted_rows)
+        chosen = self.goodput.step(self.drafter, ids, indexed.new_tokens, [self._greedy[r] for r in ids], limits,
+                                   weights, self._last_context)
+        sources = [source_name(int(code)) for code in chosen.sources]
+        for j, i in enumerate(drafted_rows):
+            if chosen.lengths[j]:
+                drafts[i] = chosen.drafts[j, :chosen.lengths[j]].tolist()
+        return drafts, sources, bool(chosen.lengths.any())
+
+    def _row_limit(self, row: StepRow) -> int:
+        """The most draft tokens a row may get this step (0: none): its context's room, or none for a sampled row
+        where sampled rows get none (counted as skipped)."""
+        if row.room <= 0:
+            return 0
+        if not row.greedy and not self.settings.draft_sampled:
+            self.counters.sampled_rows_skipped += 1
+            return 0
+        if not row.greedy and row.seeded and not self.settings.draft_seeded:
+            self.counters.seeded_rows_skipped += 1
+            return 0
+        return row.room
 
     def _record(self, indexed: _Indexed, drafts: list[list[int]], sources: list[DraftSourceName | None],
                 running: int, step_allowed: bool) -> None:
@@ -257,13 +309,13 @@ class DraftSession:
         if self.last_step_drafted:
             counters.drafting_steps_by_batch_size[running] += 1
 
-    def _keep(self, drafts: list[list[int]], ids: list[Hashable], drafted_rows: list[int],
+    def _keep(self, drafts: list[list[int]], drafted_rows: list[int],
               proposed: list[list[int]], limit: int, rows: Sequence[StepRow]) -> int:
         """Put the rows' drafts the rules allow into ``drafts`` (cut to ``limit`` and the context); how many."""
         kept = 0
-        for request_id, i, draft in zip(ids, drafted_rows, proposed, strict=True):
+        for i, draft in zip(drafted_rows, proposed, strict=True):
             room = min(limit, rows[i].room)
-            if not draft or room <= 0 or not self.gate.allow_request(request_id):
+            if not draft or room <= 0:
                 continue
             if not rows[i].greedy and not self.settings.draft_sampled:
                 self.counters.sampled_rows_skipped += 1
@@ -275,23 +327,16 @@ class DraftSession:
             kept += 1
         return kept
 
-    def _keep_critical(self, drafts: list[list[int]], ids: list[Hashable], drafted_rows: list[int],
+    def _keep_critical(self, drafts: list[list[int]], drafted_rows: list[int],
                        proposed: list[list[int]], largest: int, rows: Sequence[StepRow]) -> int:
         """The ``critical_rows`` rows that have run longest draft up to ``critical_k``: only rows whose output
         is longer than every row left out (rows that started together are no evidence); how many got a
         longer draft than the range gave them."""
-        count = self.config.critical_rows
-        if len(ids) <= count:
-            chosen = list(range(len(ids)))
-        else:
-            output = [rows[i].length - rows[i].prompt_length for i in drafted_rows]
-            ranked = heapq.nlargest(count + 1, range(len(ids)), key=output.__getitem__)
-            boundary = output[ranked[-1]]
-            chosen = [j for j in ranked[:-1] if output[j] > boundary]
+        chosen = longest_rows([rows[i].length - rows[i].prompt_length for i in drafted_rows], self.config.critical_rows)
         chosen = [j for j in chosen if len(proposed[j]) > len(drafts[drafted_rows[j]])]
         if not chosen:
             return 0
-        return self._keep(drafts, [ids[j] for j in chosen], [drafted_rows[j] for j in chosen],
+        return self._keep(drafts, [drafted_rows[j] for j in chosen],
                           [proposed[j] for j in chosen], min(self.config.critical_k, largest), rows)
 
     def _account(self, request_id: Hashable, sampled: int) -> None:
@@ -303,7 +348,6 @@ class DraftSession:
             source = self._last_source.get(request_id)
             if source is not None:
                 self.counters.source_accepted_tokens[source] += accepted
-            self.gate.observe_request(request_id, drafted, accepted)
 
     # -- requests, groups and history -----------------------------------------------------
     def _add(self, row: StepRow) -> None:
@@ -377,7 +421,7 @@ class DraftSession:
         departed = [r for r in self._indexed if r not in present]
         for request_id in departed:
             self.finish(request_id)
-        self.gate.forget(departed)
+
 
     def reset(self) -> None:
         """Drop every request's automaton and what the gate learned (the policy's weights changed); the
@@ -413,7 +457,7 @@ class DraftSession:
             policy=self.policy, threshold_from_vllm_schedule=self.schedule is not None,
             steps_by_batch_size=dict(sorted(c.steps_by_batch_size.items())),
             drafting_steps_by_batch_size=dict(sorted(c.drafting_steps_by_batch_size.items())),
-            gate=self.gate.summary(),
+            step_cost={} if self.goodput is None else self.goodput.cost.describe(),
             sources={source: SourceCounts(c.source_draft_tokens[source], c.source_accepted_tokens[source])
                      for source in DRAFT_SOURCES},
             global_tokens=self.drafter.global_tokens,

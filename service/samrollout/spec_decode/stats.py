@@ -12,7 +12,9 @@ The JSON is what ``/admin/status`` reports under ``"drafter"``: the fields by na
 ``steps_by_batch_size`` / ``drafting_steps_by_batch_size`` keyed by the batch size as a string
 (JSON keys), ``draft_range`` as ``[[running, k], ...]``, ``policy`` as `DraftPolicy.as_dict`,
 ``history`` null with the history off, ``no_draft_sampling_patched`` null where nobody asked
-vLLM (outside a worker), and a gate rate never measured (NaN here) as null.
+vLLM (outside a worker), and ``step_cost`` as ``{"<2": [u, v, observations], ...}``: what the adaptive
+policy's step-cost fit measured per batch-size octave (`samrollout.spec_decode.step_cost`; empty in the
+static mode).
 """
 
 from __future__ import annotations
@@ -54,25 +56,14 @@ class HistoryStats:
 
 
 @dataclass(frozen=True)
-class GateBucket:
-    """What the adaptive gate measured at one batch-size bucket: output rates (NaN: never measured) and steps,
-    with and without drafts."""
-
-    on_tokens_per_s: float
-    off_tokens_per_s: float
-    on_steps: int
-    off_steps: int
-
-
-@dataclass(frozen=True)
 class ProposerStats:
     """The proposer's counters since start and the settings in force (see the module docstring).
 
     Counters: ``steps``, ``draft_tokens`` proposed and ``accepted_tokens``, sampled / seeded rows
     whose drafts were dropped (``sampled_rows_skipped``, ``seeded_rows_skipped``), confident and
     critical-path drafts, ``propose_seconds`` and the step-time histogram (``step_seconds_counts``,
-    per `STEP_SECONDS_BUCKETS`), steps by batch size, per-source tokens (``sources``) and the gate's
-    measurements (``gate``, by bucket name such as "<=8"; empty for gates that measure nothing).
+    per `STEP_SECONDS_BUCKETS`), steps by batch size, per-source tokens (``sources``) and the adaptive
+    policy's step-cost fit (``step_cost``, by batch-size octave such as "<8"; empty in the static mode).
     State: ``active_requests``, ``last_step_drafted``, ``global_tokens`` (the global index),
     ``history``.  Settings: ``k`` (vLLM's num_speculative_tokens), the threshold, its mode and the
     draft range, the confident and critical-path settings, the policy with "auto" settled, and
@@ -103,7 +94,7 @@ class ProposerStats:
     threshold_from_vllm_schedule: bool
     steps_by_batch_size: Mapping[int, int]
     drafting_steps_by_batch_size: Mapping[int, int]
-    gate: Mapping[str, GateBucket]
+    step_cost: Mapping[str, tuple[float, float, float]]
     sources: Mapping[DraftSourceName, SourceCounts]
     global_tokens: int
     history: HistoryStats | None
@@ -119,8 +110,7 @@ class ProposerStats:
         data["policy"] = self.policy.as_dict()
         data["steps_by_batch_size"] = _by_size_json(self.steps_by_batch_size)
         data["drafting_steps_by_batch_size"] = _by_size_json(self.drafting_steps_by_batch_size)
-        data["gate"] = {bucket: {key: None if isinstance(value, float) and math.isnan(value) else value
-                                 for key, value in asdict(row).items()} for bucket, row in self.gate.items()}
+        data["step_cost"] = {octave: list(fit) for octave, fit in self.step_cost.items()}
         data["sources"] = {source: asdict(counts) for source, counts in self.sources.items()}
         data["history"] = None if self.history is None else asdict(self.history)
         return data
@@ -136,9 +126,9 @@ class ProposerStats:
         _exact_keys(policy, [f.name for f in fields(DraftPolicy)], "proposer stats: policy")
         sources = data["sources"]
         _exact_keys(sources, DRAFT_SOURCES, "proposer stats: sources")
-        gate = data["gate"]
-        if not isinstance(gate, Mapping):
-            raise ValueError(f"proposer stats: gate must be an object, got {gate!r}")
+        step_cost = data["step_cost"]
+        if not isinstance(step_cost, Mapping):
+            raise ValueError(f"proposer stats: step_cost must be an object, got {step_cost!r}")
         patched = data["no_draft_sampling_patched"]
         return cls(
             steps=_int(data, "steps"), draft_tokens=_int(data, "draft_tokens"),
@@ -156,7 +146,7 @@ class ProposerStats:
             steps_by_batch_size=_by_size(data["steps_by_batch_size"], "steps_by_batch_size"),
             drafting_steps_by_batch_size=_by_size(data["drafting_steps_by_batch_size"],
                                                   "drafting_steps_by_batch_size"),
-            gate={str(bucket): _gate_bucket(row, f"gate[{bucket!r}]") for bucket, row in gate.items()},
+            step_cost={str(octave): _step_cost_fit(fit, f"step_cost[{octave!r}]") for octave, fit in step_cost.items()},
             sources={source: _source_counts(sources[source], f"sources[{source!r}]") for source in DRAFT_SOURCES},
             global_tokens=_int(data, "global_tokens"),
             history=None if data["history"] is None else _history(data["history"]),
@@ -234,13 +224,11 @@ def _by_size(data: object, where: str) -> dict[int, int]:
     return {size: _int(data, key, f"proposer stats: {where}") for size, key in sorted(sizes.items())}
 
 
-def _gate_bucket(data: object, where: str) -> GateBucket:
-    _exact_keys(data, [f.name for f in fields(GateBucket)], f"proposer stats: {where}")
-    row = cast(Mapping[str, Any], data)
-    here = f"proposer stats: {where}"
-    return GateBucket(_float(row, "on_tokens_per_s", here, nan_if_null=True),
-                      _float(row, "off_tokens_per_s", here, nan_if_null=True),
-                      _int(row, "on_steps", here), _int(row, "off_steps", here))
+def _step_cost_fit(data: object, where: str) -> tuple[float, float, float]:
+    if not isinstance(data, list | tuple) or len(data) != 3 or \
+            any(isinstance(x, bool) or not isinstance(x, int | float) for x in data):
+        raise ValueError(f"proposer stats: {where} must be [level, draft weight, observations], got {data!r}")
+    return float(data[0]), float(data[1]), float(data[2])
 
 
 def _source_counts(data: object, where: str) -> SourceCounts:
