@@ -154,7 +154,7 @@ def measure_point(llm: Any, prompts: list[list[int]], q: int, args: argparse.Nam
     stamps = core_timestamps(engine)
     batch, length = len(prompts), len(prompts[0])
     room = max(args.lengths) + args.headroom - length - q - 1
-    params = SamplingParams(temperature=0, max_tokens=room, ignore_eos=True, detokenize=False,
+    params = SamplingParams(temperature=args.temperature, max_tokens=room, ignore_eos=True, detokenize=False,
                             output_kind=RequestOutputKind.DELTA)
     ids = [f"{tag}-{i}" for i in range(batch)]
     for request_id, prompt in zip(ids, prompts, strict=True):
@@ -393,6 +393,8 @@ def parse_args() -> argparse.Namespace:
                         help="server: the engine as `samrollout serve` runs it on CPU (its dtype, eager mode); "
                              "plain: vLLM's defaults, as bench/spec_engine.py builds its engines")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--temperature", type=float, default=0.0,
+                        help="0: greedy; above: sampled rows (vLLM verifies their drafts with its sampling path)")
     parser.add_argument("--json", dest="json_path")
     parser.add_argument("--plot", dest="plot_path")
     parser.add_argument("--child", help=argparse.SUPPRESS)

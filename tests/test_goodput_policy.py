@@ -105,7 +105,7 @@ def test_a_looping_response_drafts_long_at_full_batch_where_guesses_draft_nothin
     steps = _run(session, truths, len(prompt), 120, lambda rows, tokens: 0.002 + 0.001 * tokens)
     assert all(len(step[0]) == 16 for step in steps[-20:])  # the loop is accepted in full: it pays at any batch size
     assert all(draft == [] for step in steps[-20:] for draft in step[1:])  # random text: a draft there is a guess
-    assert session.stats().step_cost["<64"][2] > 100  # the engine's own steps measured...
+    assert session.stats().step_cost["<64"][3] > 100  # the engine's own steps measured...
     assert session.goodput is not None  # ...and the line learned where the policy works: 48 rows, 64 tokens
     assert session.goodput.cost.seconds(48, np.array([64.0]), 2000.0) == pytest.approx([0.066], rel=0.05)
 
@@ -149,11 +149,11 @@ def test_without_a_table_the_step_cost_is_learned_from_the_engines_own_steps() -
     rng = np.random.default_rng(3)
     for _ in range(400):
         rows = int(rng.integers(1, 64))
-        tokens = rows + int(rng.integers(0, rows * 4 + 1))
+        tokens = rows if rng.random() < 0.3 else rows + int(rng.integers(1, rows * 4 + 1))
         cost.observe(rows, tokens, 1000.0, truth(rows, tokens))
     for rows in (2, 16, 48):
         predicted = cost.seconds(rows, np.array([rows, rows * 3], dtype=np.float64), 1000.0)
-        assert predicted == pytest.approx([truth(rows, rows), truth(rows, rows * 3)], rel=0.05)
+        assert predicted == pytest.approx([truth(rows, rows), truth(rows, rows * 3)], rel=0.1)
 
 
 def test_a_table_measured_on_the_device_itself_is_left_as_it_is() -> None:
@@ -162,8 +162,8 @@ def test_a_table_measured_on_the_device_itself_is_left_as_it_is() -> None:
     for rows, tokens_per_row in [(8, 1.0), (8, 4.0), (32, 2.0), (32, 9.0), (64, 1.0), (64, 5.0)] * 20:
         cost.observe(rows, int(rows * tokens_per_row), 4096.0, table.step_seconds(rows, tokens_per_row, 4096.0))
     for rows in (8, 32, 64):
-        u, v, _ = cost.describe()[f"<{1 << rows.bit_length()}"]
-        assert (u, v) == (pytest.approx(1.0, abs=0.02), pytest.approx(1.0, abs=0.05))
+        u, w, v, _ = cost.describe()[f"<{1 << rows.bit_length()}"]
+        assert (u, w, v) == (pytest.approx(1.0, abs=0.02), pytest.approx(0.0, abs=0.02), pytest.approx(1.0, abs=0.05))
 
 
 def test_only_rows_longer_than_every_other_are_the_critical_path() -> None:
@@ -171,3 +171,19 @@ def test_only_rows_longer_than_every_other_are_the_critical_path() -> None:
     assert longest_rows([50, 90, 80, 70], 2) == [1, 2]
     assert critical_weights([50, 90, 80, 70], 2, 16.0).tolist() == [1.0, 16.0, 16.0, 1.0]
     assert critical_weights([50, 90], 2, 16.0).tolist() == [1.0, 1.0]  # every row critical: nothing to favour
+
+
+def test_a_device_where_any_draft_costs_a_switch_learns_it_and_drafts_only_where_that_pays() -> None:
+    # vLLM's CPU backend: a step that verifies any sampled draft runs its rejection sampler, which costs most of
+    # a plain step whatever the drafts.  Rows whose drafts are right one token in a few pay for their tokens but
+    # not for the switch: the policy learns it and stops drafting; without the switch it drafts them.
+    rng = np.random.default_rng(4)
+    prompt = list(rng.integers(0, VOCAB, 32))
+    truths = {f"r{i}": prompt + [t for _ in range(200) for t in [*rng.integers(0, VOCAB, 4).tolist(), 5, 6]]
+              for i in range(8)}
+    def drafting_steps(switch: float) -> float:
+        steps = _run(_session(), truths, len(prompt), 200,
+                     lambda rows, tokens: 0.030 + (switch if tokens > rows else 0.0) + 0.0004 * tokens)
+        return sum(any(step) for step in steps[-100:]) / 100
+    assert drafting_steps(0.0) > 0.7
+    assert drafting_steps(0.030) < 0.3

@@ -180,6 +180,6 @@ def test_each_simulated_step_is_timed_before_the_drafter_sees_it_as_in_vllm() ->
     simulate(loops, factory, 16, CostTable.load(table), SimSettings(slots=64, charge_drafter=False), "sam")
     cost = drafters[0].session.goodput.cost  # type: ignore[union-attr]
     fits = cost.describe()
-    assert sum(fit[2] for fit in fits.values()) > 100
-    for u, v, _ in fits.values():
-        assert (u, v) == (pytest.approx(1.0, abs=0.02), pytest.approx(1.0, abs=0.05))
+    assert sum(fit[3] for fit in fits.values()) > 100
+    for u, w, v, _ in fits.values():
+        assert (u, w, v) == (pytest.approx(1.0, abs=0.02), pytest.approx(0.0, abs=0.02), pytest.approx(1.0, abs=0.05))

@@ -224,9 +224,9 @@ def test_proposer_stats_cross_processes_as_strict_json_and_read_back_the_same():
     stats = _stepped_session().stats()
     assert stats.steps == 10 and stats.draft_tokens > 0 and stats.steps_by_batch_size == {1: 10}
     assert stats.history is not None and stats.no_draft_sampling_patched is None  # no vLLM worker asked
-    assert list(stats.step_cost) == ["<2"] and stats.step_cost["<2"][2] == 9  # 9 decode steps measured at 1 row
+    assert list(stats.step_cost) == ["<2"] and stats.step_cost["<2"][3] == 9  # 9 decode steps measured at 1 row
     data = json.loads(json.dumps(stats.to_json(), allow_nan=False))  # plain JSON
-    assert data["steps_by_batch_size"] == {"1": 10} and len(data["step_cost"]["<2"]) == 3
+    assert data["steps_by_batch_size"] == {"1": 10} and len(data["step_cost"]["<2"]) == 4
     back = ProposerStats.from_json(data)
     assert back.to_json() == stats.to_json() and back == stats
 
@@ -240,7 +240,7 @@ def test_proposer_stats_cross_processes_as_strict_json_and_read_back_the_same():
     lambda d: d["history"].update(joined=1),
     lambda d: d["policy"].pop("source"),
     lambda d: d.update(threshold_mode="sometimes"),
-    lambda d: d["step_cost"].update({"<4": [1.0, 1.0]}),          # a fit without its observations
+    lambda d: d["step_cost"].update({"<4": [1.0, 0.0, 1.0]}),     # a fit without its observations
 ])
 def test_proposer_stats_with_unknown_missing_or_mistyped_keys_are_refused(change):
     data = json.loads(json.dumps(_stepped_session().stats().to_json()))

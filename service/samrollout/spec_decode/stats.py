@@ -12,7 +12,7 @@ The JSON is what ``/admin/status`` reports under ``"drafter"``: the fields by na
 ``steps_by_batch_size`` / ``drafting_steps_by_batch_size`` keyed by the batch size as a string
 (JSON keys), ``draft_range`` as ``[[running, k], ...]``, ``policy`` as `DraftPolicy.as_dict`,
 ``history`` null with the history off, ``no_draft_sampling_patched`` null where nobody asked
-vLLM (outside a worker), and ``step_cost`` as ``{"<2": [u, v, observations], ...}``: what the adaptive
+vLLM (outside a worker), and ``step_cost`` as ``{"<2": [u, w, v, observations], ...}``: what the adaptive
 policy's step-cost fit measured per batch-size octave (`samrollout.spec_decode.step_cost`; empty in the
 static mode).
 """
@@ -94,7 +94,7 @@ class ProposerStats:
     threshold_from_vllm_schedule: bool
     steps_by_batch_size: Mapping[int, int]
     drafting_steps_by_batch_size: Mapping[int, int]
-    step_cost: Mapping[str, tuple[float, float, float]]
+    step_cost: Mapping[str, tuple[float, float, float, float]]
     sources: Mapping[DraftSourceName, SourceCounts]
     global_tokens: int
     history: HistoryStats | None
@@ -224,11 +224,11 @@ def _by_size(data: object, where: str) -> dict[int, int]:
     return {size: _int(data, key, f"proposer stats: {where}") for size, key in sorted(sizes.items())}
 
 
-def _step_cost_fit(data: object, where: str) -> tuple[float, float, float]:
-    if not isinstance(data, list | tuple) or len(data) != 3 or \
+def _step_cost_fit(data: object, where: str) -> tuple[float, float, float, float]:
+    if not isinstance(data, list | tuple) or len(data) != 4 or \
             any(isinstance(x, bool) or not isinstance(x, int | float) for x in data):
-        raise ValueError(f"proposer stats: {where} must be [level, draft weight, observations], got {data!r}")
-    return float(data[0]), float(data[1]), float(data[2])
+        raise ValueError(f"proposer stats: {where} must be [level, switch, draft weight, observations], got {data!r}")
+    return float(data[0]), float(data[1]), float(data[2]), float(data[3])
 
 
 def _source_counts(data: object, where: str) -> SourceCounts:

@@ -7,14 +7,18 @@ time it adds, so it needs t(rows B, tokens verified N, mean context L).  Two par
   ``bench/verify_cost.py``; `samrollout.sim.cost.CostTable`), else a generic compute-bound line
   (`LinearShape`: a fixed cost per step plus a cost per token verified and per token of context read);
 - an **online correction**, fitted from the engine's own step times: per batch-size octave, the step time
-  relative to the shape's plain decode step is fitted as ``u + v * r``, where ``r`` is the extra time the
-  shape gives the drafts, relative to that plain step.  ``u`` is the level (how fast this device is), ``v``
-  how much drafts really cost here.  Exponential forgetting follows drift (context growing, other load);
+  relative to the shape's plain decode step is fitted as ``u + w * drafted + v * r``, where ``drafted`` is 1
+  for a step that verifies any draft and ``r`` the extra time the shape gives the drafts, relative to that
+  plain step.  ``u`` is the level (how fast this device is), ``w`` what switching to verification costs
+  whatever the drafts (on vLLM's CPU backend, sampled requests' rejection sampling is most of a step), ``v``
+  how much the draft tokens really cost here.  Exponential forgetting follows drift (context growing, other load);
   each octave is shrunk toward the fit over all octaves, and that toward the shape (1, 1), so an octave
   with no measurements yet borrows what the others measured.
 
-With a table from the device itself (the simulator) the fit stays at (1, 1); on a device with no table
-(an Ascend NPU, a CPU) the line's level and slope are what the engine measured within a few dozen steps.
+With a table from the device itself (the simulator) the fit stays at (1, 0, 1); on a device with no table
+(an Ascend NPU, a CPU) the line's level, switch cost and slope are what the engine measured within a few
+dozen steps.  A switch cost the policy then avoids is measured again as the fit forgets it: the policy drafts
+once more where its drafts are worth it, which is the exploration.
 """
 
 from __future__ import annotations
@@ -96,27 +100,44 @@ class TableShape:
         return curve
 
 
+Correction = tuple[float, float, float]  # (u, w, v): see StepCost
+# How strongly each of (u, w, v) is held to its center, relative to the fit's weight: the switch cost needs
+# steps with and without drafts to tell it from the level, and stays near its center until both are seen.
+SHRINK = np.array([1.0, 4.0, 1.0])
+OUTLIER_SPREADS = 4.0  # a step further off the fit than this many mean residuals is clipped to it
+MIN_SPREAD_OBSERVATIONS = 16  # observations before outliers are clipped
+
+
 @dataclass
 class _Fit:
-    """Exponentially weighted least squares of z = u + v * r, shrunk toward a center with ``weight`` observations."""
+    """Exponentially weighted least squares of z = u + w * drafted + v * r (drafted: 1 where any row verified a
+    draft), shrunk toward a center with ``weight`` observations."""
 
     forget: float
     weight: float
-    sums: FloatArray = field(default_factory=lambda: np.zeros(5))  # n, sum r, sum r^2, sum z, sum r z
+    gram: FloatArray = field(default_factory=lambda: np.zeros((3, 3)))
+    moment: FloatArray = field(default_factory=lambda: np.zeros(3))
     observations: int = 0
+    spread: float = 0.0  # a moving mean of the absolute residual, against which outliers are clipped
 
-    def add(self, r: float, z: float) -> None:
-        self.sums *= self.forget
-        self.sums += (1.0, r, r * r, z, r * z)
+    def add(self, drafted: float, r: float, z: float, predicted: float) -> None:
+        """One observation; a step far off the fit (another process took the core, a stall) counts as at most
+        `OUTLIER_SPREADS` spreads off it, so one stall does not move the fit."""
+        residual = z - predicted
+        if self.observations >= MIN_SPREAD_OBSERVATIONS and self.spread > 0:
+            limit = OUTLIER_SPREADS * self.spread
+            z = predicted + max(-limit, min(limit, residual))
+        self.spread = abs(residual) if self.observations == 0 else \
+            0.95 * self.spread + 0.05 * min(abs(residual), OUTLIER_SPREADS * self.spread or abs(residual))
+        x = np.array([1.0, drafted, r])
+        self.gram = self.forget * self.gram + np.outer(x, x)
+        self.moment = self.forget * self.moment + z * x
         self.observations += 1
 
-    def solve(self, center: tuple[float, float]) -> tuple[float, float]:
-        n, sr, srr, sz, srz = (float(x) for x in self.sums)
-        w = self.weight
-        a, b, d = n + w, sr, srr + w  # the 2x2 normal equations [[a, b], [b, d]] (u, v) = (e, f)
-        e, f = sz + w * center[0], srz + w * center[1]
-        det = a * d - b * b
-        return (d * e - b * f) / det, max(0.0, (a * f - b * e) / det)
+    def solve(self, center: Correction) -> Correction:
+        ridge = self.weight * SHRINK
+        u, w, v = np.linalg.solve(self.gram + np.diag(ridge), self.moment + ridge * np.array(center))
+        return float(u), max(0.0, float(w)), max(0.0, float(v))
 
 
 @dataclass
@@ -137,21 +158,23 @@ class StepCost:
     def _octave(self, rows: int) -> int:
         return min(max(1, rows).bit_length() - 1, self.octaves - 1)
 
-    def correction(self, rows: int) -> tuple[float, float]:
-        """(u, v) at this batch size: level of a plain step and weight of the drafts' extra time."""
+    def correction(self, rows: int) -> Correction:
+        """(u, w, v) at this batch size: the level of a plain step, the switch cost of a step that verifies any
+        draft (both relative to the shape's plain step), and the weight of the drafts' extra time."""
         octave = self._octave(rows)
         solved = self._solved.get(octave)
         if solved is None:
-            overall = self._overall.solve((1.0, 1.0))
+            overall = self._overall.solve((1.0, 0.0, 1.0))
             solved = self._solved[octave] = self._by_octave[octave].solve(overall)
         return solved
 
     def seconds(self, rows: int, tokens: FloatArray, context: float) -> FloatArray:
         """Predicted seconds of a step of ``rows`` rows verifying each total of ``tokens`` (>= rows)."""
+        tokens = np.asarray(tokens, dtype=np.float64)
         shaped = self.shape.seconds(rows, np.concatenate([[float(rows)], tokens]), context)
         plain = shaped[0]
-        u, v = self.correction(rows)
-        return np.asarray(u * plain + v * (shaped[1:] - plain), dtype=np.float64)
+        u, w, v = self.correction(rows)
+        return np.asarray(u * plain + w * plain * (tokens > rows) + v * (shaped[1:] - plain), dtype=np.float64)
 
     def observe(self, rows: int, tokens: int, context: float, seconds: float) -> None:
         """One measured decode step: ``rows`` rows verified ``tokens`` tokens in all and took ``seconds``."""
@@ -161,13 +184,15 @@ class StepCost:
         if plain <= 0:
             return
         extra = verified - plain
-        r, z = extra / plain, seconds / plain
-        self._overall.add(r, z)
-        self._by_octave[self._octave(rows)].add(r, z)
+        drafted, r, z = float(tokens > rows), extra / plain, seconds / plain
+        u, w, v = self.correction(rows)
+        predicted = u + w * drafted + v * r
+        self._overall.add(drafted, r, z, predicted)
+        self._by_octave[self._octave(rows)].add(drafted, r, z, predicted)
         self._solved.clear()
 
-    def describe(self) -> dict[str, tuple[float, float, float]]:
-        """(u, v, observations) per batch-size octave that has measurements ("<2": 1 row, "<4": 2-3, ...)."""
+    def describe(self) -> dict[str, tuple[float, float, float, float]]:
+        """(u, w, v, observations) per batch-size octave that has measurements ("<2": 1 row, "<4": 2-3, ...)."""
         return {f"<{1 << (o + 1)}": (*self.correction(1 << o), float(fit.observations))
                 for o, fit in enumerate(self._by_octave) if fit.observations}
 
