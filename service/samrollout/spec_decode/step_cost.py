@@ -149,7 +149,7 @@ class StepCost:
     octaves: int = 12
     _overall: _Fit = field(init=False)
     _by_octave: list[_Fit] = field(init=False)
-    _solved: dict[int, tuple[float, float]] = field(init=False, default_factory=dict)
+    _solved: dict[int, Correction] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         self._overall = _Fit(self.forget, weight=1.0)
