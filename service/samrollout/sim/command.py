@@ -89,7 +89,10 @@ def add_simulate_parser(commands: Any) -> None:
                         "them: ours, suffix's global cache), not simulated")
     p.add_argument("--max-groups", type=int, help="only the first N groups of each file")
     p.add_argument("--no-drafter-time", action="store_true",
-                   help="do not charge the drafters' own wall time (measured here) to the steps")
+                   help="do not charge the drafters' own CPU time (measured here) to the steps")
+    p.add_argument("--drafter-time-scale", type=float, default=1.0,
+                   help="charge the drafters' measured CPU time times this (bench/host_speed.py measures this host "
+                        "against a reference: its drafter_time_scale)")
     p.add_argument("--json", help="write every result to this JSON file")
     p.add_argument("--plot", help="write a PNG of unfinished responses over time per mode")
     p.set_defaults(run=run)
@@ -203,7 +206,8 @@ def run(args: argparse.Namespace) -> int:
             for slots in _ints(args.slots):
                 for instances in _ints(args.instances):
                     settings = SimSettings(slots=slots, kv_tokens=args.kv_tokens, instances=instances,
-                                           charge_drafter=not args.no_drafter_time)
+                                           charge_drafter=not args.no_drafter_time,
+                                           drafter_time_scale=args.drafter_time_scale)
                     projections.append(project(path, which, groups, earlier, settings, plans, vocab, cost,
                                                device_kind))
                     write_report(args, cost, device_kind, projections)  # after each projection: a long run keeps them
