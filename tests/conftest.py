@@ -319,7 +319,7 @@ def _launch_ahead() -> None:
         if _launches.held() + _memory_share(args) > AHEAD_MEMORY:
             return
         _launches.ahead.pop(0)
-        _launched[name] = _launch(args, _launches.logs / f"{name}.log")
+        _launched[name] = _launch(args, _launches.logs / f"{name}.log", PEER_PORTS.get(name))
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

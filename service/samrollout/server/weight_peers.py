@@ -25,6 +25,7 @@ import secrets
 import socket
 import ssl
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 from urllib.parse import urlsplit, urlunsplit
@@ -43,6 +44,8 @@ KEY_REFUSED = ("the peer refused this server's API key ({status}): relays need t
                "server (a configuration error; pushes go to it directly meanwhile)")
 _SERVER_ID = re.compile(SERVER_ID_PATTERN)
 PeerState = Literal["answering", "unreachable", "key_refused"]
+Resolver = Callable[[str, int], Awaitable[list[str]]]
+"""A peer name and port -> its addresses (OSError when it has none)."""
 
 
 def new_server_id() -> str:
@@ -89,10 +92,12 @@ class WeightPeers:
     """The peers this server may relay weight files to (``--weight-peers``), as last probed."""
 
     def __init__(self, urls: list[str], server_id: str, api_key: str | None, idle_seconds: float,
-                 verify: ssl.SSLContext | None = None) -> None:
+                 verify: ssl.SSLContext | None = None, resolve: Resolver | None = None) -> None:
         """``idle_seconds``: how long a relay may wait on a peer (the uploads' idle bound); ``verify``: the TLS
-        context for ``https`` peers (default: the system's CA certificates)."""
+        context for ``https`` peers (default: the system's CA certificates); ``resolve``: a peer name's addresses
+        (default: the system's resolver, `system_addresses`)."""
         self.urls, self.server_id = urls, server_id
+        self._resolve = resolve or system_addresses
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         # trust_env=False: peers are reached directly, never through a proxy the environment names
         self.http = httpx.AsyncClient(headers=headers, timeout=httpx.Timeout(idle_seconds, connect=PROBE_TIMEOUT_S),
@@ -106,7 +111,7 @@ class WeightPeers:
         """Ask every configured peer (every address of a name that resolves to several) for its id and version, at
         once.  This server itself (a headless service's name resolves to every pod) is left out."""
         async with self._probe_lock:
-            addresses = await asyncio.gather(*(_addresses(url) for url in self.urls))
+            addresses = await asyncio.gather(*(_addresses(url, self._resolve) for url in self.urls))
             peers = [peer for group in addresses for peer in group]
             await asyncio.gather(*(self._ask_id(peer) for peer in peers if peer.error is None))
             peers = _once_each(peers, self.server_id)
@@ -198,7 +203,13 @@ def _once_each(peers: list[Peer], own_id: str) -> list[Peer]:
     return kept
 
 
-async def _addresses(url: str) -> list[Peer]:
+async def system_addresses(host: str, port: int) -> list[str]:
+    """The addresses the system's resolver gives ``host`` (OSError when it gives none)."""
+    infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    return [str(info[4][0]) for info in infos]
+
+
+async def _addresses(url: str, resolve: Resolver) -> list[Peer]:
     """``url`` as peers: one per address when its host name resolves to several (a headless service), each keeping
     the name for ``Host`` and TLS, else itself."""
     parts = urlsplit(url)
@@ -208,10 +219,9 @@ async def _addresses(url: str) -> list[Peer]:
         return [Peer(url)]
     port = parts.port or (443 if parts.scheme == "https" else 80)
     try:
-        infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        found = sorted(set(await resolve(host, port)))
     except OSError as error:
         return [Peer(url, error=f"cannot resolve {host}: {error}")]
-    found = sorted({str(info[4][0]) for info in infos})
     if len(found) <= 1:
         return [Peer(url)]
     return [Peer(urlunsplit((parts.scheme, _netloc(address, port), "", "", "")), name=parts.netloc)
