@@ -73,8 +73,10 @@ def test_each_server_lists_its_configured_peers_with_their_ids_and_the_silent_on
     assert by_url[peer_url("second_tiny_server")]["server_id"] == _server_id(second_tiny_server)
     silent = by_url[peer_url("silent_peer")]
     assert silent["reachable"] is False and silent["server_id"] is None and "Connect" in silent["error"]
-    back = httpx.get(f"{second_tiny_server.url}/admin/peers", headers=AUTH, timeout=60).json()["peers"]
-    assert [peer["server_id"] for peer in back] == [listed["server_id"]]
+    back = {peer["url"]: peer for peer in httpx.get(f"{second_tiny_server.url}/admin/peers", headers=AUTH,
+                                                     timeout=60).json()["peers"]}
+    assert back[peer_url("tiny_server")]["server_id"] == listed["server_id"]
+    assert set(back) == {peer_url("tiny_server"), peer_url("relay_victim")}  # the victim: up only in its module
 
 
 def test_a_push_to_two_peers_crosses_the_clients_link_once_and_both_serve_the_new_weights(
@@ -161,6 +163,31 @@ def test_a_relay_to_a_server_that_is_not_a_configured_peer_is_refused_and_nothin
 def test_the_peer_routes_need_the_api_key(tiny_server: ServerProcess) -> None:
     for path in ("/admin/identity", "/admin/peers", "/admin/weight_uploads"):
         assert httpx.get(f"{tiny_server.url}{path}", timeout=30).status_code == 401, path
+
+
+def test_a_relayed_put_without_the_key_is_refused_and_nothing_is_passed_on(
+        tiny_server: ServerProcess, second_tiny_server: ServerProcess) -> None:
+    """A PUT naming a real next hop (the peer's id and its open upload), without the key: 401 at the first server,
+    and 401 at the peer when sent to it as a relaying server would; neither upload stages anything."""
+    data = b"not really weights"
+    uploads = {server.url: httpx.post(f"{server.url}/admin/weight_uploads", headers=AUTH, timeout=30).json()
+               for server in (tiny_server, second_tiny_server)}
+    first, second = uploads[tiny_server.url], uploads[second_tiny_server.url]
+    headers = {"X-Content-SHA256": hashlib.sha256(data).hexdigest()}
+    try:
+        relayed = httpx.put(f"{tiny_server.url}/admin/weight_uploads/{first['upload_id']}/files/model.safetensors",
+                            content=data, timeout=60,
+                            headers={**headers, RELAY_HEADER: f"{second['server_id']}/{second['upload_id']}"})
+        assert relayed.status_code == 401, relayed.text
+        hop = httpx.put(f"{second_tiny_server.url}/admin/weight_uploads/{second['upload_id']}/files/"
+                        "model.safetensors", content=data, timeout=60, headers=headers)
+        assert hop.status_code == 401, hop.text
+        for url, opened in uploads.items():
+            shown = httpx.get(f"{url}/admin/weight_uploads/{opened['upload_id']}", headers=AUTH, timeout=30).json()
+            assert shown["files"] == {} and shown["bytes"] == 0, url
+    finally:
+        for url, opened in uploads.items():
+            httpx.delete(f"{url}/admin/weight_uploads/{opened['upload_id']}", headers=AUTH, timeout=30)
 
 
 # --- chains and headers on their own ---------------------------------------------------------------------------
