@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -384,7 +385,7 @@ async def start_runtime(settings: ServerSettings, state: State) -> ServerRuntime
         weights_root = WeightsRoot(settings.weights_root)
     except ValueError as error:
         raise RuntimeError(str(error)) from None
-    layout = checkpoint_layout(model_path)
+    layout = checkpoint_layout(model_path) if os.path.isdir(model_path) else None
     uploads = open_weight_uploads(settings, layout)  # before the engine: a bad staging dir fails fast
     try:
         engine, args = build_engine(settings, model_path)
@@ -392,6 +393,10 @@ async def start_runtime(settings: ServerSettings, state: State) -> ServerRuntime
         uploads.close()
         raise
     vllm_config = engine.vllm_config
+    if layout is None:  # a hub id: the engine has downloaded it now
+        layout = checkpoint_layout(model_path, vllm_config.model_config.revision, vllm_config.load_config.download_dir)
+        if layout is not None and settings.max_weight_upload_bytes is None:
+            uploads.max_bytes = default_max_bytes(layout)
     epoch = WeightEpoch()
     generation = generation_client(settings, EpochSaltedEngine(engine, epoch))
     labels = WeightLabels(engine, lambda: settings.weight_version)  # then the runtime's (its __post_init__)

@@ -246,15 +246,34 @@ def _check_layout(found: dict[str, tuple[str, TensorSpec]], expected: Layout) ->
         raise WeightsError(f"tensor {missing[0]!r}{more} of the served model is in none of the *.safetensors files")
 
 
-def checkpoint_layout(model_path: str) -> Layout | None:
+def hub_snapshot(model: str, revision: str | None = None, cache_dir: str | None = None) -> str | None:
+    """The local directory of hub model ``model`` (its snapshot at ``revision`` in the Hugging Face cache, or in
+    ``cache_dir``: vLLM's ``--download-dir``), once downloaded; None when it is not there (or not a hub id)."""
+    try:
+        from huggingface_hub import snapshot_download
+
+        found: str = snapshot_download(model, revision=revision, cache_dir=cache_dir, local_files_only=True,
+                                       allow_patterns=["*.safetensors"])
+    except Exception:  # not a hub id, not downloaded, no huggingface_hub: nothing to read the layout from
+        return None
+    return found
+
+
+def checkpoint_layout(model_path: str, revision: str | None = None, download_dir: str | None = None) -> Layout | None:
     """The served checkpoint's tensors (name -> shape, dtype), what weight updates must match.
 
-    None when the model is not a local directory of intact safetensors files (a hub id, or
-    another format): updates are then checked for intact files only.
+    ``model_path``: a local directory, or a hub id whose snapshot is read from the cache vLLM
+    downloaded it to (`hub_snapshot`; ``revision`` and ``download_dir`` as vLLM's).  None when
+    neither holds intact safetensors files (another format, or not downloaded yet): updates are
+    then checked for intact files only, and the server says so in its log.
     """
     if not os.path.isdir(model_path):
-        logger.info("weight updates: %s is not a local directory; their layout will not be checked", model_path)
-        return None
+        snapshot = hub_snapshot(model_path, revision, download_dir)
+        if snapshot is None:
+            logger.warning("weight updates: %s is neither a local directory nor a downloaded hub model; their "
+                           "layout (tensor names, shapes, dtypes) will not be checked", model_path)
+            return None
+        model_path = snapshot
     try:
         return {name: spec for name, (_, spec) in read_directory(model_path)[0].items()}
     except WeightsError as error:
