@@ -24,10 +24,9 @@ from safetensors.torch import load_file
 from conftest import API_KEY, admin_status, second_tiny_server_args, server_fixture
 from samrollout.testing import ServerProcess
 from samrollout_client import AsyncRolloutClient, RolloutClient, SamrolloutError, WeightsSplit
-from support.weight_swap import WeightSwapper, swapping_weights
+from support.weight_swap import WeightSwapper, greedy, open_uploads, server_id, swapped_pair
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
-PROBE = {"model": "tiny", "prompt": "split weights probe", "max_tokens": 12, "temperature": 0, "ignore_eos": True}
 
 # The last hop of a relay (`second_tiny_server` names its port as a weight peer: conftest.PEER_PORTS), and a
 # server killed before its commit.  Each test kills its own.
@@ -35,29 +34,8 @@ relay_victim = server_fixture("relay_victim", second_tiny_server_args)
 commit_victim = server_fixture("commit_victim", second_tiny_server_args)
 
 
-@pytest.fixture(scope="module")
-def swaps(tiny_server: ServerProcess, second_tiny_server: ServerProcess, tiny_dir: Path,
-          tiny_weights_v2: Path) -> Iterator[tuple[WeightSwapper, WeightSwapper]]:
-    """Both shared servers leave this module on the weights and versions they came with."""
-    with swapping_weights(tiny_server, "split", tiny_dir, tiny_weights_v2) as first, \
-            swapping_weights(second_tiny_server, "split", tiny_dir, tiny_weights_v2) as second:
-        yield first, second
-
-
-def _greedy(server: ServerProcess) -> tuple[list[int], str]:
-    body = httpx.post(f"{server.url}/v1/completions", json=PROBE, headers=AUTH, timeout=120).json()
-    return body["choices"][0]["token_ids"], body["weight_version"]
-
-
-def _open_uploads(server: ServerProcess) -> list[dict[str, Any]]:
-    uploads: list[dict[str, Any]] = httpx.get(f"{server.url}/admin/weight_uploads", headers=AUTH,
-                                              timeout=60).json()["uploads"]
-    return uploads
-
-
-def _server_id(server: ServerProcess) -> str:
-    server_id: str = httpx.get(f"{server.url}/admin/identity", headers=AUTH, timeout=60).json()["server_id"]
-    return server_id
+swaps = swapped_pair("split")
+PROMPT = "split weights probe"
 
 
 def test_a_server_that_refuses_its_commit_is_named_and_its_staged_upload_commits_when_tried_again(
@@ -66,7 +44,7 @@ def test_a_server_that_refuses_its_commit_is_named_and_its_staged_upload_commits
     """The second server refuses its commit (409) because a file is still arriving in its upload: the first loads
     the new weights, the error names both servers' versions and the second's staged upload, the servers' status
     shows the split, and committing the staged upload again brings the second onto the new weights."""
-    before, old = _greedy(tiny_server)
+    before, old = greedy(tiny_server, PROMPT)
     version = swaps[0].new_version("refused")
     data = (tiny_weights_v2 / "model.safetensors").read_bytes()
 
@@ -116,16 +94,16 @@ def test_a_server_that_refuses_its_commit_is_named_and_its_staged_upload_commits
     assert status["weight_peers"]["split"] is True and status["weight_peers"]["versions"] == {version: 1, old: 1}
     assert peers["versions_agree"] is False
     assert committed_again == 1
-    after = [_greedy(server) for server in (tiny_server, second_tiny_server)]
+    after = [greedy(server, PROMPT) for server in (tiny_server, second_tiny_server)]
     assert after[0] == after[1] and after[0][1] == version and after[0][0] != before
-    assert not _open_uploads(tiny_server) and not _open_uploads(second_tiny_server)
+    assert not open_uploads(tiny_server) and not open_uploads(second_tiny_server)
 
 
 def test_a_server_killed_after_the_uploads_and_before_its_commit_is_named_and_the_other_rolls_back(
         tiny_server: ServerProcess, commit_victim: ServerProcess, swaps: tuple[WeightSwapper, WeightSwapper]) -> None:
     """Both servers hold the staged files; one is SIGKILLed; the commits split: the error names the new version on
     the survivor and the dead server as not answering; `roll_back` loads the old weights on the survivor again."""
-    before = _greedy(tiny_server)
+    before = greedy(tiny_server, PROMPT)
     previous, new = swaps[0].loaded, swaps[0].next_dir()
     version = swaps[0].new_version("killed")
     with RolloutClient([tiny_server.url, commit_victim.url], model="tiny", api_key=API_KEY) as client:
@@ -134,7 +112,7 @@ def test_a_server_killed_after_the_uploads_and_before_its_commit_is_named_and_th
         with pytest.raises(WeightsSplit) as failed:
             client.commit_weights(staged, version)
         swaps[0].loaded = new
-        assert _greedy(tiny_server)[0] != before[0]
+        assert greedy(tiny_server, PROMPT)[0] != before[0]
         split = failed.value
         survivor, dead = split.endpoints
         assert (survivor.url, survivor.version, survivor.error) == (tiny_server.url, version, None)
@@ -144,8 +122,8 @@ def test_a_server_killed_after_the_uploads_and_before_its_commit_is_named_and_th
             client.roll_back(split, previous)
         rolled = client.roll_back(split, previous, before[1])
         swaps[0].loaded = previous
-    assert rolled.endpoints == 1 and _greedy(tiny_server) == before
-    assert not _open_uploads(tiny_server)
+    assert rolled.endpoints == 1 and greedy(tiny_server, PROMPT) == before
+    assert not open_uploads(tiny_server)
 
 
 def test_a_relay_whose_last_hop_is_killed_mid_upload_names_it_and_every_server_keeps_its_version(
@@ -155,8 +133,8 @@ def test_a_relay_whose_last_hop_is_killed_mid_upload_names_it_and_every_server_k
     third); the third is SIGKILLed once the first file went through all three: the push fails naming it and what
     each server serves, none loaded or keeps anything staged, and a push to the two survivors then succeeds."""
     survivors = (tiny_server, second_tiny_server)
-    before = [_greedy(server) for server in survivors]
-    victim_id = _server_id(relay_victim)
+    before = [greedy(server, PROMPT) for server in survivors]
+    victim_id = server_id(relay_victim)
     tensors = [pair for file in sorted(tiny_weights_v2.glob("*.safetensors")) for pair in load_file(file).items()]
 
     def killed_after_the_first_file() -> Iterator[tuple[str, Any]]:
@@ -175,8 +153,8 @@ def test_a_relay_whose_last_hop_is_killed_mid_upload_names_it_and_every_server_k
     assert "nothing was staged or loaded" in message and f"{relay_victim.url} does not answer" in message
     for server, (_, version) in zip(survivors, before, strict=True):
         assert f"{server.url} serves {version!r}" in message
-    assert [_greedy(server) for server in survivors] == before
-    assert all(not _open_uploads(server) for server in survivors)
+    assert [greedy(server, PROMPT) for server in survivors] == before
+    assert all(not open_uploads(server) for server in survivors)
     assert admin_status(tiny_server)["weight_uploads"]["staged_bytes"] == 0
     version = swaps[0].new_version("survivors")
     with RolloutClient([server.url for server in survivors], model="tiny", api_key=API_KEY) as client:
@@ -184,4 +162,4 @@ def test_a_relay_whose_last_hop_is_killed_mid_upload_names_it_and_every_server_k
     for swapper in swaps:
         swapper.loaded = tiny_weights_v2
     assert push.relay_chains == [[tiny_server.url, second_tiny_server.url]]
-    assert {_greedy(server)[1] for server in survivors} == {version}
+    assert {greedy(server, PROMPT)[1] for server in survivors} == {version}
