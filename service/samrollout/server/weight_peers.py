@@ -137,12 +137,12 @@ class WeightPeers:
         except (httpx.HTTPError, ValueError) as error:
             peer.error = f"{type(error).__name__}: {error}"[:300]
 
-    async def watch(self, own_version: Any, period: float = WATCH_PERIOD_S) -> None:
+    async def watch(self, own_version: Callable[[], str], period: float = WATCH_PERIOD_S) -> None:
         """Probe the peers now and every ``period`` seconds (for ever: cancel it), keeping the metrics and logging
         each peer whose key refusal starts or ends; ``own_version()``: the version this server serves."""
         refused: set[str] = set()
         while self.urls:
-            with contextlib.suppress(Exception):  # a probe never stops the watch; its errors are per peer
+            try:
                 peers = await self.probe()
                 now = {peer.url for peer in peers if peer.key_refused}
                 for url in sorted(now - refused):
@@ -151,7 +151,9 @@ class WeightPeers:
                 for url in sorted(refused - now):
                     logger.info("weight peer %s accepts this server's API key again", url)
                 refused = now
-                self._count(peers, str(own_version()))
+                self._count(peers, own_version())
+            except Exception:  # a probe's errors are per peer; anything else is logged and the watch goes on
+                logger.warning("probing the weight peers failed; trying again in %g s", period, exc_info=True)
             await asyncio.sleep(period)
 
     @staticmethod
