@@ -2,6 +2,16 @@
 
     python bench/weight_fanout.py --servers 3 --link-mb-s 0,125 --repeats 3 \\
         --json bench/results/weight-fanout-cpu.json --plot bench/results/weight-fanout-cpu.png
+    python bench/weight_fanout.py --scale 1,4 --link-mb-s 125 --repeats 3 \\
+        --json bench/results/weight-push-fanout-cpu.json
+
+The second form (``--scale``) asks how a relayed push grows with the servers: it starts the
+largest number of servers, each naming all the others as peers, and pushes to the first N of
+them for each N given, interleaved (N ascending in even rounds, descending in odd ones), fan-out
+on, over one paced link.  Its JSON is ``{"servers": {"1": {"push_s": ...}, "4": {"push_s": ...}},
+...}`` (medians of the rounds), with the ratio of the largest to one server, each server's CPU
+seconds per push (its API process, engine and workers together: what one hop costs), the
+command and the git commit it ran at.
 
 Starts ``--servers`` copies of `samrollout serve` with the built-in SmolLM2-135M (its bf16
 checkpoint, 269 MB), each naming all the others in ``--weight-peers``, and pushes that checkpoint
@@ -105,10 +115,82 @@ def plot(results: dict[str, dict[str, dict[str, Any]]], servers: int, path: str)
     save(fig, path)
 
 
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) used so far by process ``pid`` and all its descendants (0 for one gone)."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        processes = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return 0.0
+    total = 0.0
+    for process in processes:
+        try:
+            times = process.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += times.user + times.system
+    return total
+
+
+def git_commit() -> str:
+    """The repository's HEAD, with ``+dirty`` when the tree has uncommitted changes ("unknown" outside git)."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
+                              check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("+dirty" if dirty else "")
+
+
+def scale(servers: list[Any], sizes: list[int], model_dir: Path, repeats: int, link_mb_s: float) -> dict[str, Any]:
+    """Relayed pushes to the first N servers for each N of ``sizes``, interleaved over ``repeats`` rounds after
+    one warm-up each: per N, the rounds and their medians (push, upload, load, each server's CPU seconds)."""
+    from samrollout_client import RolloutClient
+
+    pace_uploads(LinkPacer(link_mb_s) if link_mb_s else None)
+    rounds: dict[int, list[dict[str, Any]]] = {n: [] for n in sizes}
+    counter = 0
+    for round_ in range(-1, repeats):  # round -1: the warm-up, not counted
+        for n in sizes if round_ % 2 == 0 else list(reversed(sizes)):
+            counter += 1
+            targets = servers[:n]
+            cpu_before = [tree_cpu_s(server.process.pid) for server in targets]
+            with RolloutClient([server.url for server in targets], model="bench") as client:
+                run = push_once(client, model_dir, f"scale-{counter}", fan_out=True)
+            run["cpu_s"] = [round(tree_cpu_s(server.process.pid) - before, 3)
+                            for server, before in zip(targets, cpu_before, strict=True)]
+            if round_ >= 0:
+                rounds[n].append(run)
+                print(f"{n} server(s), round {round_ + 1}/{repeats}: {run['seconds']:.2f} s (CPU s per server "
+                      f"{run['cpu_s']})", file=sys.stderr, flush=True)
+    result: dict[str, Any] = {}
+    for n, runs in rounds.items():
+        middle = sorted(runs, key=lambda run: run["seconds"])[(len(runs) - 1) // 2]
+        result[str(n)] = {
+            "push_s": statistics.median(run["seconds"] for run in runs),
+            "upload_s": statistics.median(run["upload_s"] for run in runs),
+            "load_s": statistics.median(run["load_s"] for run in runs),
+            "cpu_s_per_server": [statistics.median(run["cpu_s"][i] for run in runs) for i in range(n)],
+            "bytes_sent": middle["bytes_sent"], "relay_chains": middle["relay_chains"],
+            "rounds_s": [run["seconds"] for run in runs]}
+    return result
+
+
 def main() -> None:
-    """Start the servers, push in both modes for every link, print the table, write the JSON (and the plot)."""
+    """Start the servers, push in both modes for every link (or, with --scale, to 1..N servers), print the table,
+    write the JSON (and the plot)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--servers", type=int, default=4)
+    parser.add_argument("--scale", type=lambda s: sorted({int(x) for x in s.split(",")}),
+                        help="relayed pushes to the first N servers for each N, comma-separated (e.g. 1,4); starts "
+                        "the largest N; with one --link-mb-s")
     parser.add_argument("--link-mb-s", type=lambda s: [float(x) for x in s.split(",")], default=[0.0, 125.0],
                         help="the trainer's link in MB/s, comma-separated (0: unpaced loopback)")
     parser.add_argument("--repeats", type=int, default=3)
@@ -122,6 +204,10 @@ def main() -> None:
 
     model_dir = ensure_smollm2()
     checkpoint_bytes = sum(f.stat().st_size for f in model_dir.glob("*.safetensors"))
+    if args.scale:
+        if len(args.link_mb_s) != 1:
+            parser.error("--scale takes one --link-mb-s")
+        args.servers = max(args.scale)
     ports = [free_port() for _ in range(args.servers)]
     servers = []
     for i, port in enumerate(ports):
@@ -136,6 +222,10 @@ def main() -> None:
     try:
         for server in servers:
             server.ready()
+        if args.scale:
+            by_size = scale(servers, args.scale, model_dir, args.repeats, args.link_mb_s[0])
+            write_scale(args, by_size, checkpoint_bytes)
+            return
         with RolloutClient([s.url for s in servers], model="bench") as client:
             counter = 0
             for link in args.link_mb_s:
@@ -179,6 +269,31 @@ def main() -> None:
         Path(args.json_path).write_text(json.dumps(result, indent=2) + "\n")
     if args.plot_path:
         plot(results, args.servers, args.plot_path)
+
+
+def write_scale(args: argparse.Namespace, by_size: dict[str, Any], checkpoint_bytes: int) -> None:
+    """Print the --scale table and write its JSON: the goal, what bounds it, the command and the commit."""
+    one, most = by_size[str(min(args.scale))], by_size[str(max(args.scale))]
+    ratio = most["push_s"] / one["push_s"]
+    busy = sum(most["cpu_s_per_server"]) / most["push_s"]
+    cores = os.cpu_count() or 1
+    print(f"\ncheckpoint: {checkpoint_bytes / 1e6:.1f} MB, link {args.link_mb_s[0]:g} MB/s, relayed; median of "
+          f"{args.repeats} interleaved rounds")
+    for size, row in by_size.items():
+        print(f"{size:>3} server(s): push {row['push_s']:.2f} s (upload {row['upload_s']:.2f}, load "
+              f"{row['load_s']:.2f}), CPU s per server {row['cpu_s_per_server']}")
+    print(f"{max(args.scale)} servers / {min(args.scale)}: {ratio:.2f}x (goal: at most 1.5x); the servers kept "
+          f"{busy:.2f} of {cores} cores busy during the {max(args.scale)}-server push")
+    result = {"servers": by_size, "ratio": ratio, "goal": "a relayed push to the most servers takes at most 1.5x a "
+              "push to one", "servers_cpu_cores_busy": busy, "cpu_count": cores,
+              "model": "SmolLM2-135M-Instruct (built-in, bf16)", "checkpoint_bytes": checkpoint_bytes,
+              "link_mb_s": args.link_mb_s[0], "repeats": args.repeats,
+              "machine": platform.processor() or platform.machine(),
+              "transport": "loopback HTTP; the client's link paced to link_mb_s, the servers' to one another not",
+              "command": " ".join(["python", *sys.argv]), "git_commit": git_commit()}
+    if args.json_path:
+        Path(args.json_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json_path).write_text(json.dumps(result, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """AReaL's asynchronous GRPO rollout side against samrollout servers, with a stub trainer.
 
-    samrollout serve --areal-routes &        # in another shell; wait for "Application startup complete"
-    python examples/areal_async_grpo.py --steps 3 --weights ~/.cache/samrollout/models/smollm2-135m-instruct
+    samrollout serve --areal-routes --weights-root /tmp/areal-checkpoints &   # wait for "startup complete"
+    python examples/areal_async_grpo.py --steps 3 --checkpoint-dir /tmp/areal-checkpoints \
+        --weights ~/.cache/samrollout/models/smollm2-135m-instruct
 
 What runs is AReaL 1.0's own rollout code: its inference engine (``RemotevLLMEngine``, or
 samrollout's `SamrolloutEngine` with ``--engine samrollout``, the default), its workflow
@@ -11,8 +12,9 @@ its disk weight update.  The trainer is a stub: each step it takes ``--groups`` 
 (``--n`` responses to one arithmetic question), computes the group-normalised advantages,
 sleeps ``--train-s`` in place of a gradient step and, given ``--weights`` (a directory of
 ``*.safetensors`` with the served model's tensors, standing in for the trained weights), "saves"
-them as AReaL's ``weight_update_v<N>`` and updates the servers exactly as AReaL's FSDP engine
-does: pause, update from disk, continue, new version.  Responses generating meanwhile carry on;
+them as AReaL's ``weight_update_v<N>`` under ``--checkpoint-dir`` (inside the servers'
+``--weights-root``: they load nothing by path from elsewhere) and updates the servers exactly as
+AReaL's FSDP engine does: pause, update from disk, continue, new version.  Responses generating meanwhile carry on;
 each sample is printed with the weight versions that sampled its tokens (AReaL's per-token
 ``versions``), so a response that crossed an update shows two.
 
@@ -106,6 +108,7 @@ def run(args: argparse.Namespace) -> None:
     rng = random.Random(args.seed)
     os.environ["AREAL_LLM_SERVER_ADDRS"] = args.servers
     workdir = Path(tempfile.mkdtemp(prefix="areal-example-"))
+    checkpoints = Path(args.checkpoint_dir) if args.checkpoint_dir else workdir
     name_resolve.reconfigure(NameResolveConfig(type="nfs", nfs_record_root=str(workdir / "name_resolve")))
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
     config = InferenceEngineConfig(backend="vllm:d1", experiment_name=EXPERIMENT, trial_name=TRIAL,
@@ -137,7 +140,7 @@ def run(args: argparse.Namespace) -> None:
                           f"[{version_runs(versions)}] {text!r}")
             time.sleep(args.train_s)  # the gradient step
             if args.weights:
-                held = update_weights(engine, Path(args.weights), workdir, step)
+                held = update_weights(engine, Path(args.weights), checkpoints, step)
                 print(f"  weights v{step} loaded on every server; generation held {held:.2f} s")
     finally:
         engine.destroy()
@@ -158,6 +161,8 @@ def main() -> None:
     parser.add_argument("--max-staleness", type=int, default=1, help="AReaL's max_head_offpolicyness")
     parser.add_argument("--train-s", type=float, default=1.0, help="the simulated gradient step")
     parser.add_argument("--weights", help="a directory of *.safetensors loaded after each step (none: no update)")
+    parser.add_argument("--checkpoint-dir", help="where each step's checkpoint is saved: a directory inside the "
+                        "servers' --weights-root (default: a new temporary directory)")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for a batch")
     parser.add_argument("--seed", type=int, default=0)
     run(parser.parse_args())

@@ -172,9 +172,11 @@ TINY_MAX_PROMPT_TOKENS = 480  # the tiny server's --max-prompt-tokens
 TINY_CHUNK_TOKENS = 128       # the tiny server's prefill chunk (vLLM's --max-num-batched-tokens)
 
 
-# The ports of the servers that name each other as weight peers, chosen before either starts; and one where nothing
-# listens (a peer that never answers).
-PEER_PORTS = {"tiny_server": free_port(), "second_tiny_server": free_port(), "silent_peer": free_port()}
+# The ports of the servers that name each other as weight peers, chosen before either starts; one where nothing
+# listens (a peer that never answers); and the port of a server a test kills in the middle of a relay
+# (test_weight_push_split.py: `second_tiny_server` names it as a peer, and nothing listens there before or after).
+PEER_PORTS = {"tiny_server": free_port(), "second_tiny_server": free_port(), "silent_peer": free_port(),
+              "relay_victim": free_port()}
 
 
 def peer_url(name: str) -> str:
@@ -202,8 +204,9 @@ def second_tiny_server_args(tiny_dir: Path) -> list[str]:
 
 
 def second_tiny_server_with_peer_args(tiny_dir: Path) -> list[str]:
-    """`second_tiny_server`'s own flags: those, and `tiny_server` as its weight peer."""
-    return [*second_tiny_server_args(tiny_dir), "--weight-peers", peer_url("tiny_server")]
+    """`second_tiny_server`'s own flags: those, and `tiny_server` and the relay's victim as its weight peers."""
+    peers = f"{peer_url('tiny_server')},{peer_url('relay_victim')}"
+    return [*second_tiny_server_args(tiny_dir), "--weight-peers", peers]
 
 
 # The session's shared servers, by fixture name.  Each starts as the session starts when a collected test
@@ -319,7 +322,7 @@ def _launch_ahead() -> None:
         if _launches.held() + _memory_share(args) > AHEAD_MEMORY:
             return
         _launches.ahead.pop(0)
-        _launched[name] = _launch(args, _launches.logs / f"{name}.log")
+        _launched[name] = _launch(args, _launches.logs / f"{name}.log", PEER_PORTS.get(name))
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

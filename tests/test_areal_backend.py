@@ -17,6 +17,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -49,10 +50,16 @@ RESPONSE_TOKENS = 40
 EXPERIMENT, TRIAL = "samrollout-areal", "test"
 
 
+# Where the "trainer" saves its checkpoints: the servers' --weights-root (AReaL's update loads only from inside it).
+CHECKPOINTS = Path(tempfile.gettempdir()) / f"samrollout-test-areal-checkpoints-{os.getpid()}"
+
+
 def areal_server_args(tiny_dir: Path) -> list[str]:
-    """A tiny-model server with AReaL's routes (no API key: AReaL sends none; on loopback)."""
+    """A tiny-model server with AReaL's routes (no API key: AReaL sends none; on loopback), loading AReaL's
+    checkpoints from `CHECKPOINTS` only."""
+    CHECKPOINTS.mkdir(exist_ok=True)
     return ["--model", str(tiny_dir), "--served-model-name", "tiny", "--areal-routes",
-            "--max-model-len", str(TINY_CONTEXT), "--dtype", "float32",
+            "--weights-root", str(CHECKPOINTS), "--max-model-len", str(TINY_CONTEXT), "--dtype", "float32",
             "--gpu-memory-utilization", str(TINY_SERVER_MEMORY)]
 
 
@@ -95,6 +102,22 @@ def areal_names(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """AReaL's name_resolve in a directory of this module's (where the trainer records each saved checkpoint)."""
     name_resolve.reconfigure(NameResolveConfig(type="nfs", nfs_record_root=str(tmp_path_factory.mktemp("names"))))
     yield
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _checkpoint_root() -> Iterator[None]:
+    """`CHECKPOINTS` removed after the module."""
+    yield
+    shutil.rmtree(CHECKPOINTS, ignore_errors=True)
+
+
+@pytest.fixture
+def checkpoints(request: pytest.FixtureRequest) -> Iterator[Path]:
+    """A directory of this test's under the servers' weights root, where it saves AReaL's checkpoints."""
+    folder = CHECKPOINTS / re.sub(r"\W", "_", request.node.name)
+    folder.mkdir(parents=True)
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
@@ -220,7 +243,7 @@ def test_areal_generates_a_group_with_the_servers_token_ids_and_logprobs(areal_s
 
 def test_a_weight_update_mid_generation_carries_on_under_the_new_version_with_exact_versions(
         areal_server: ServerProcess, areal_names: None, tokenizer: Any, tiny_dir: Path, tiny_weights_v2: Path,
-        tmp_path: Path) -> None:
+        checkpoints: Path) -> None:
     """AReaL's own engine through a disk weight update while 2 groups of 2 generate: the pause aborts them, AReaL
     sends each again with its tokens so far, and every response crosses the update; the versions AReaL records are
     the server's for every token (0 before, 1 after), and each response has all its tokens."""
@@ -234,11 +257,11 @@ def test_a_weight_update_mid_generation_carries_on_under_the_new_version_with_ex
             engine.pause()  # AReaL's trainer holds its executor first (rollout.pause())
             await asyncio.to_thread(engine.pause_generation)
             await until(lambda: _none_in_flight(client), "the aborted replies")
-            meta = saved_checkpoint(tiny_weights_v2, tmp_path, 1)
+            meta = saved_checkpoint(tiny_weights_v2, checkpoints, 1)
             await asyncio.to_thread(update_weights, engine, meta, 1, "abort")
             assert (await status(client))["weight_version"] == "1"
             results = await asyncio.to_thread(engine.wait, 2, 300)
-            await asyncio.to_thread(_load_back, engine, tiny_dir, tmp_path, "abort")
+            await asyncio.to_thread(_load_back, engine, tiny_dir, checkpoints, "abort")
             return results
 
     try:
@@ -256,7 +279,7 @@ def test_a_weight_update_mid_generation_carries_on_under_the_new_version_with_ex
 @pytest.mark.parametrize("transfer", ["path", "push"])
 def test_samrollout_engine_continues_frozen_requests_under_the_new_weights_with_the_servers_versions(
         transfer: str, areal_server: ServerProcess, areal_names: None, tokenizer: Any, tiny_dir: Path,
-        tiny_weights_v2: Path, tmp_path: Path) -> None:
+        tiny_weights_v2: Path, checkpoints: Path) -> None:
     """`SamrolloutEngine` through the same update, the checkpoint read by the server or pushed to it over HTTP
     (no shared disk): the pause freezes the requests and they go on under the new weights in the same reply (one
     reply each, nothing sent again); AReaL's recorded versions are the server's spans, 0 then 1 within each
@@ -269,12 +292,12 @@ def test_samrollout_engine_continues_frozen_requests_under_the_new_weights_with_
         async with httpx.AsyncClient(base_url=areal_server.url, timeout=120) as client:
             await two_groups_a_few_tokens_in(client, engine, tokenizer)
             engine.pause()
-            meta = saved_checkpoint(tiny_weights_v2, tmp_path, 1)
+            meta = saved_checkpoint(tiny_weights_v2, checkpoints, 1)
             await asyncio.to_thread(update_weights, engine, meta, 1, f"continue-{transfer}")
             update = (await status(client))["last_weight_update"]
             assert not Path(meta.path).exists()
             results = await asyncio.to_thread(engine.wait, 2, 300)
-            await asyncio.to_thread(_load_back, engine, tiny_dir, tmp_path, f"continue-{transfer}")
+            await asyncio.to_thread(_load_back, engine, tiny_dir, checkpoints, f"continue-{transfer}")
             return results, update
 
     try:
@@ -359,15 +382,15 @@ def test_a_server_killed_mid_rollout(areal_server: ServerProcess, areal_server_t
 
 
 def test_areal_routes_refuse_nccl_updates_and_bad_checkpoints(areal_server: ServerProcess) -> None:
-    """AReaL's NCCL routes answer 501 naming the disk mode; an update from a missing directory is a 400 naming
-    model_path, the served weights kept."""
+    """AReaL's NCCL routes answer 501 naming the disk mode; an update from a missing directory (under the weights
+    root: elsewhere it is a 403, tests/test_weight_access.py) is a 400 naming model_path, the served weights kept."""
     with httpx.Client(base_url=areal_server.url, timeout=60) as client:
         for route in ("/areal_init_weights_update_group", "/areal_set_update_weight_meta",
                       "/areal_update_weights_xccl"):
             reply = client.post(route, json={})
             assert reply.status_code == 501 and "weight_update_mode=disk" in reply.json()["error"]["message"]
         version = client.get("/health").json()["weight_version"]
-        reply = client.post("/areal_update_weights", json={"model_path": "/nonexistent/weight_update_v9"})
+        reply = client.post("/areal_update_weights", json={"model_path": str(CHECKPOINTS / "weight_update_v9")})
         assert reply.status_code == 400 and reply.json()["error"]["param"] == "model_path"
         assert client.get("/health").json()["weight_version"] == version
 
@@ -393,12 +416,14 @@ def _load_back(engine: RemotevLLMEngine, tiny_dir: Path, folder: Path, trial: st
     update_weights(engine, saved_checkpoint(tiny_dir, folder, 0), 0, trial)
 
 
-def test_the_areal_example_prints_samples_with_their_versions(areal_server: ServerProcess, tiny_dir: Path) -> None:
+def test_the_areal_example_prints_samples_with_their_versions(areal_server: ServerProcess, tiny_dir: Path,
+                                                              checkpoints: Path) -> None:
     """examples/areal_async_grpo.py against the server: two steps, a weight update after each, every sample printed
     with the versions that sampled its tokens."""
     example = Path(__file__).resolve().parents[1] / "examples" / "areal_async_grpo.py"
     run = subprocess.run([sys.executable, str(example), "--servers", address(areal_server), "--tokenizer",
-                          str(tiny_dir), "--weights", str(tiny_dir), "--steps", "2", "--groups", "2", "--n", "2",
+                          str(tiny_dir), "--weights", str(tiny_dir), "--checkpoint-dir", str(checkpoints),
+                          "--steps", "2", "--groups", "2", "--n", "2",
                           "--max-new-tokens", "16", "--train-s", "0"],
                          capture_output=True, text=True, timeout=600, check=False)
     assert run.returncode == 0, run.stderr[-4000:]

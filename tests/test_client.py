@@ -20,7 +20,7 @@ from samrollout.testing import ServerProcess, free_port
 from samrollout_client import AsyncRolloutClient, GroupResult, RolloutClient, RolloutFailed, Sample, Sampling
 from samrollout_client.placement import rendezvous_ranking
 from samrollout_client.prompt_identity import prompt_id
-from support.frozen_engine import rollout_in_flight, until
+from support.frozen_engine import frozen, in_flight_at_least, rollout_in_flight, step_until, until
 from support.weight_swap import swapping_weights
 
 CLIENTS = Path(__file__).resolve().parent.parent / "clients"
@@ -295,21 +295,46 @@ async def alone(urls: list[str], prompt: str | list[int], n: int, sampling: Samp
         return (await plain.generate([prompt], n=n, sampling=sampling))[0].samples
 
 
+async def divided_group(first: ServerProcess, second: ServerProcess, sampling: Sampling,
+                        rollout_id: str) -> list[Sample]:
+    """The samples of one group of 2 on ``first`` with divided rollout (``divide_after_tokens=16``), its engine run a
+    step at a time until one sample has moved to ``second``; then everything runs freely to its end.
+
+    A sample moves only at the end of a streamed chunk, and only before its last token.  Left to run, the tiny
+    model makes 4 tokens a step in a few milliseconds; on a loaded machine the server's stream can fall behind the
+    engine and send a whole response in two chunks (its first token, then the other 199): no chunk ends where a
+    move may happen, and the sample stays (the earlier failure: 0 moves).  Stepped, each step's tokens reach the
+    client as a chunk of their own, however slow the machine (`support.frozen_engine`).  ``least-outstanding``
+    placement, so that the group starts on ``first`` whatever the servers' ports (affine placement would pick by
+    a hash of the URLs); the moved piece reaches ``second``, which runs freely.
+    """
+    auth = {"Authorization": f"Bearer {API_KEY}"}
+    async with AsyncRolloutClient([first.url, second.url], model="tiny", api_key=API_KEY, divide_after_tokens=16,
+                                  placement="least-outstanding") as client, \
+            httpx.AsyncClient(base_url=first.url, headers=auth, timeout=120) as held, \
+            httpx.AsyncClient(base_url=second.url, headers=auth, timeout=120) as target:
+
+        async def moved() -> bool:
+            return (await target.get(f"/v1/rollouts/{rollout_id}")).status_code == 200  # it has seen the rollout
+
+        async with frozen(held):
+            running = asyncio.create_task(client.generate([DIVIDED_PROMPT], n=2, sampling=sampling,
+                                                          rollout_id=rollout_id))
+            await until(lambda: in_flight_at_least(held, 2), "both samples to reach the first server")
+            await step_until(held, moved)
+        groups = await running
+        assert [(e.outstanding, e.streaming) for e in client.pool.endpoints] == [(0, 0), (0, 0)]
+    return groups[0].samples
+
+
 def test_a_greedy_sample_moved_mid_response_equals_the_unmoved_sample(tiny_server: ServerProcess,
                                                                      second_server: ServerProcess) -> None:
-    """Two siblings start on the first server (2 outstanding against 0): one moves once, and both are the same.
-
-    ``least-outstanding`` placement, so that the group starts on the first server whatever the servers' ports
-    (affine placement would pick by a hash of the URLs)."""
+    """Two siblings start on the first server (2 outstanding against 0): one moves once, and both are the same."""
     urls = [tiny_server.url, second_server.url]
 
     async def run() -> tuple[list[Sample], list[Sample]]:
         reference = await alone(urls, DIVIDED_PROMPT, 1, long_greedy())
-        async with AsyncRolloutClient(urls, model="tiny", api_key=API_KEY, divide_after_tokens=16,
-                                      placement="least-outstanding") as client:
-            groups = await client.generate([DIVIDED_PROMPT], n=2, sampling=long_greedy(), rollout_id="divided-greedy")
-            assert [(e.outstanding, e.streaming) for e in client.pool.endpoints] == [(0, 0), (0, 0)]
-        return reference, groups[0].samples
+        return reference, await divided_group(tiny_server, second_server, long_greedy(), "divided-greedy")
 
     reference, samples = asyncio.run(run())
     moved, stayed = sorted(samples, key=lambda s: -s.moves)
@@ -337,9 +362,7 @@ def test_a_moved_seeded_sample_is_whole_and_keeps_its_first_piece(tiny_server: S
 
     async def run() -> tuple[list[Sample], list[Sample]]:
         reference = await alone(urls, DIVIDED_PROMPT, 2, sampling)
-        async with AsyncRolloutClient(urls, model="tiny", api_key=API_KEY, divide_after_tokens=16) as client:
-            groups = await client.generate([DIVIDED_PROMPT], n=2, sampling=sampling)
-        return reference, groups[0].samples
+        return reference, await divided_group(tiny_server, second_server, sampling, "divided-seeded")
 
     reference, samples = asyncio.run(run())
     assert sorted(s.moves for s in samples) == [0, 1]

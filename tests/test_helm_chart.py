@@ -174,6 +174,10 @@ SCENARIOS: dict[str, dict[str, Any]] = {
         "extraEnv": [{"name": "VLLM_LOGGING_LEVEL", "value": "DEBUG"}],
         "extraVolumes": [{"name": "scratch", "emptyDir": {}}],
         "extraVolumeMounts": [{"name": "scratch", "mountPath": "/scratch"}]},
+    "areal-trainer": {
+        "server": {"arealRoutes": True, "arealPort": 8001, "weightsRoot": "/models/checkpoints"},
+        "arealTrainer": {"podSelector": {"app": "areal-trainer"}, "namespaceSelector": {"team": "rl"}},
+        "workload": {"kind": "StatefulSet"}},
     "cpu-emptydir-no-probes": {
         "backend": "cpu", "modelVolume": {"type": "emptyDir", "emptyDir": {"sizeLimit": ""}},
         "server": {"weightStagingDir": "/scratch/weights"}, "weightStaging": {"sizeLimit": "40Gi"},
@@ -336,6 +340,16 @@ def _environ(release: Release) -> dict[str, str]:
     return environ
 
 
+def _every_setting(chart: helm.Chart) -> dict[str, Any]:
+    """A sample value for every server setting (`_sample`), AReaL's routes on with a port of their own (the chart
+    and the server refuse an AReaL port without them)."""
+    everything = {name: _sample(prop) for name, prop in _server_schema(chart).items()}
+    return {**everything, "arealRoutes": True, "arealPort": 9001}
+
+
+TRAINER = {"podSelector": {"app": "areal-trainer"}}
+
+
 def test_every_server_setting_is_reachable_from_values(chart: helm.Chart) -> None:
     """Each ServerSettings field has a chart value that sets its SAMROLLOUT_* variable (api_key through a Secret).
 
@@ -346,17 +360,16 @@ def test_every_server_setting_is_reachable_from_values(chart: helm.Chart) -> Non
     defaults = chart.values
     assert {_camel(f) for f in fields - {"api_key"}} == set(schema), "values.schema.json server.* != ServerSettings"
     assert set(schema) <= set(defaults["server"]) | {k for k, v in schema.items() if "null" in v.get("type", [])}
-    everything = {name: _sample(prop) for name, prop in schema.items()}
-    release = render(chart, {"server": everything, "apiKey": {"value": "sample-key"}})
+    everything = _every_setting(chart)
+    release = render(chart, {"server": everything, "apiKey": {"value": "sample-key"}, "arealTrainer": TRAINER})
     set_by_chart = {name for name in release.env if name.startswith("SAMROLLOUT_")} - NON_SETTING_ENV
     assert set_by_chart == {f"SAMROLLOUT_{field.upper()}" for field in fields}
 
 
 def test_server_reads_the_settings_the_chart_sets(chart: helm.Chart, monkeypatch: pytest.MonkeyPatch) -> None:
     """The container's environment, parsed by the server's own ServerSettings, is exactly what the values say."""
-    schema = _server_schema(chart)
-    everything = {name: _sample(prop) for name, prop in schema.items()}
-    release = render(chart, {"server": everything, "apiKey": {"value": "sample-key"}})
+    everything = _every_setting(chart)
+    release = render(chart, {"server": everything, "apiKey": {"value": "sample-key"}, "arealTrainer": TRAINER})
     environ = _environ(release)
     assert environ["SAMROLLOUT_MAX_MODEL_LEN"] == "1048576" and environ["SAMROLLOUT_VLLM_ARGS"] == '["--enforce-eager"]'
     monkeypatch.delenv("SAMROLLOUT_CACHE", raising=False)
@@ -626,24 +639,63 @@ def test_pods_are_each_others_weight_peers_through_a_headless_service(chart: hel
     assert [service["metadata"]["name"] for service in off.all("Service")] == [FULLNAME]
 
 
-def test_areal_routes_run_the_servers_without_a_key_that_areal_could_not_send(
+def test_areal_routes_keep_the_key_and_open_the_trainers_port_to_the_trainers_pods_only(
         chart: helm.Chart, monkeypatch: pytest.MonkeyPatch) -> None:
-    """server.arealRoutes: no API key (no Secret, no variable), served to the pod network on purpose, and the
-    server's own settings accept what the chart sets; the notes say to fence the pods off."""
-    release = render(chart, {"server": {"arealRoutes": True}, "apiKey": {"value": "ignored"}})
+    """server.arealRoutes with a key: the key is kept (Secret, variable, restart on change); AReaL's port is a
+    container port of its own, which a NetworkPolicy admits from the trainer's pods only while the API port stays
+    open (behind the key); the server's own settings accept what the chart sets; the notes say how AReaL connects."""
+    values = {"server": {"arealRoutes": True, "arealPort": 8001, "weightsRoot": "/models/checkpoints"},
+              "apiKey": {"value": "kept"}, "arealTrainer": {"podSelector": {"app": "areal-trainer"}}}
+    release = render(chart, values)
     environ = _environ(release)
-    assert "SAMROLLOUT_API_KEY" not in environ and not release.all("Secret")
-    assert environ["SAMROLLOUT_AREAL_ROUTES"] == "true" and environ["SAMROLLOUT_ALLOW_UNAUTHENTICATED_ADMIN"] == "true"
-    assert "checksum/api-key" not in release.workload["spec"]["template"]["metadata"]["annotations"]
+    assert environ["SAMROLLOUT_API_KEY"] == "kept" and release.one("Secret", f"{FULLNAME}-api-key")
+    assert "SAMROLLOUT_ALLOW_UNAUTHENTICATED_ADMIN" not in environ
+    assert "checksum/api-key" in release.workload["spec"]["template"]["metadata"]["annotations"]
+    assert environ["SAMROLLOUT_AREAL_ROUTES"] == "true" and environ["SAMROLLOUT_AREAL_PORT"] == "8001"
+    assert {"name": "areal", "containerPort": 8001, "protocol": "TCP"} in release.container["ports"]
+    policy = release.one("NetworkPolicy", f"{FULLNAME}-areal-trainer")["spec"]
+    pod_labels = release.workload["spec"]["template"]["metadata"]["labels"]
+    assert policy["podSelector"]["matchLabels"].items() <= pod_labels.items() and policy["policyTypes"] == ["Ingress"]
+    api, trainer = policy["ingress"]
+    assert api == {"ports": [{"port": "http", "protocol": "TCP"}]}  # from anywhere: behind the key
+    assert trainer == {"from": [{"podSelector": {"matchLabels": {"app": "areal-trainer"}}}],
+                       "ports": [{"port": "areal", "protocol": "TCP"}]}
+    other_namespace = render(chart, merged(values, {"arealTrainer": {"namespaceSelector": {"team": "rl"}}}))
+    [source] = other_namespace.one("NetworkPolicy")["spec"]["ingress"][1]["from"]
+    assert source["namespaceSelector"] == {"matchLabels": {"team": "rl"}}
     for field in ServerSettings.model_fields:
         monkeypatch.delenv(f"SAMROLLOUT_{field.upper()}", raising=False)
     for name, value in environ.items():
         monkeypatch.setenv(name, value)
-    settings = ServerSettings()  # would refuse a key, or no key on 0.0.0.0 without the override
-    assert settings.areal_routes and settings.api_key is None and settings.weight_version == "0"
-    assert "AReaL sends no API key" in release.notes and "NetworkPolicy" in release.notes
-    kept = render(chart, {"server": {"arealRoutes": True, "allowUnauthenticatedAdmin": False}})
-    assert kept.env["SAMROLLOUT_ALLOW_UNAUTHENTICATED_ADMIN"]["value"] == "false"  # set by hand: kept
+    settings = ServerSettings()
+    assert settings.areal_routes and settings.api_key is not None and settings.areal_port == 8001
+    assert settings.weights_root == "/models/checkpoints" and not settings.allow_unauthenticated_admin
+    assert "AReaL sends no API key: it connects to port areal" in release.notes and "NetworkPolicy" in release.notes
+    assert not render(chart).all("NetworkPolicy")
+
+
+AREAL_MISTAKES = {
+    "no port of its own": ({"server": {"arealRoutes": True, "weightsRoot": "/ckpt"}, "arealTrainer": TRAINER},
+                           "server.arealRoutes needs server.arealPort"),
+    "the API port": ({"server": {"arealRoutes": True, "arealPort": 8000, "weightsRoot": "/ckpt"},
+                      "arealTrainer": TRAINER}, "server.arealPort (8000) is server.port"),
+    "no trainer selector": ({"server": {"arealRoutes": True, "arealPort": 8001, "weightsRoot": "/ckpt"}},
+                            "needs arealTrainer.podSelector"),
+    "no weights root": ({"server": {"arealRoutes": True, "arealPort": 8001}, "arealTrainer": TRAINER},
+                        "needs server.weightsRoot"),
+    "a port without the routes": ({"server": {"arealPort": 8001}}, "set server.arealRoutes too"),
+}
+
+
+@pytest.mark.parametrize("case", AREAL_MISTAKES)
+def test_areal_settings_that_cannot_work_fail_the_render_saying_what_to_set(chart: helm.Chart, case: str) -> None:
+    values, says = AREAL_MISTAKES[case]
+    with pytest.raises(helm.HelmError) as failed:
+        render(chart, values)
+    assert says in str(failed.value)
+    allowed = merged(values, {"server": {"allowAnyWeightsPath": True}})
+    if case == "no weights root":
+        assert render(chart, allowed).one("NetworkPolicy")  # the documented opt-out
 
 
 def test_statefulset_mode_runs_one_pod_per_node(chart: helm.Chart) -> None:

@@ -110,7 +110,10 @@ def test_the_adaptive_policy_is_the_default_with_its_longest_draft_and_the_devic
     ([], {"SAMROLLOUT_DRAFT_RANGE": "8"}, "draft_range"),
     ([], {"SAMROLLOUT_WEIGHT_UPLOAD_IDLE_SECONDS": "0"}, "weight_upload_idle_seconds"),
     (["--weight-peers", "http://a:8000,10.0.0.2:8000"], {}, "weight_peers"),
-    (["--areal-routes", "--api-key", "k"], {}, "--areal-routes cannot be combined with --api-key"),
+    (["--areal-routes"], {}, "set --weights-root DIR"),
+    (["--areal-routes", "--api-key", "k", "--weights-root", "/tmp"], {}, "needs --areal-port"),
+    (["--areal-port", "9001"], {}, "needs --areal-routes"),
+    (["--areal-routes", "--allow-any-weights-path", "--areal-port", "8000"], {}, "a port of its own"),
 ])
 def test_invalid_settings_stop_serve_at_start_up_naming_the_setting(flags: list[str], env: dict[str, str],
                                                                       named: str) -> None:
@@ -149,13 +152,25 @@ def test_other_hosts_need_a_key_or_the_explicit_override(host: str, monkeypatch:
 def test_areal_routes_are_off_by_default_and_start_at_areals_version_0(monkeypatch: pytest.MonkeyPatch) -> None:
     """``--areal-routes`` (or SAMROLLOUT_AREAL_ROUTES) turns AReaL's routes on; the weights are then version 0, as
     AReaL counts, unless --weight-version names one."""
-    for name in ("SAMROLLOUT_API_KEY", "SAMROLLOUT_AREAL_ROUTES", "SAMROLLOUT_WEIGHT_VERSION"):
+    for name in ("SAMROLLOUT_API_KEY", "SAMROLLOUT_AREAL_ROUTES", "SAMROLLOUT_WEIGHT_VERSION",
+                 "SAMROLLOUT_WEIGHTS_ROOT", "SAMROLLOUT_ALLOW_ANY_WEIGHTS_PATH", "SAMROLLOUT_AREAL_PORT"):
         monkeypatch.delenv(name, raising=False)
     assert not _settings().areal_routes and _settings().weight_version == "initial"
-    assert _settings("--areal-routes").weight_version == "0"
-    assert _settings("--areal-routes", "--weight-version", "7").weight_version == "7"
+    assert _settings("--areal-routes", "--weights-root", "/ckpt").weight_version == "0"
+    assert _settings("--areal-routes", "--allow-any-weights-path", "--weight-version", "7").weight_version == "7"
     monkeypatch.setenv("SAMROLLOUT_AREAL_ROUTES", "true")
+    monkeypatch.setenv("SAMROLLOUT_WEIGHTS_ROOT", "/ckpt")
     assert _settings().areal_routes and _settings().weight_version == "0"
+
+
+def test_areal_routes_take_a_key_together_with_the_trainers_own_port(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A key protects /admin, the uploads and /docs with AReaL's routes on; AReaL, which sends none, gets a port of
+    its own (the refusals without one: `test_invalid_settings_stop_serve_at_start_up_naming_the_setting`)."""
+    for name in ("SAMROLLOUT_API_KEY", "SAMROLLOUT_AREAL_ROUTES", "SAMROLLOUT_WEIGHTS_ROOT", "SAMROLLOUT_AREAL_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    settings = _settings("--areal-routes", "--api-key", "k", "--areal-port", "9001", "--weights-root", "/ckpt",
+                         "--host", "0.0.0.0")
+    assert settings.api_key is not None and settings.areal_port == 9001 and settings.weights_root == "/ckpt"
 
 
 def test_request_limits_have_documented_defaults_and_flags(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -168,8 +168,21 @@ def test_checker_refuses_special_files_without_opening_them(tmp_path: Path, kind
         check_weights_dir(str(tmp_path), None, values=True)
 
 
-def test_served_layout_is_unknown_for_a_model_that_is_not_a_local_directory() -> None:
-    assert checkpoint_layout("HuggingFaceTB/SmolLM2-135M-Instruct") is None
+def test_a_hub_models_layout_is_read_from_its_downloaded_snapshot(tiny_dir: Path, tmp_path: Path) -> None:
+    """A model served by hub id is checked like a directory once the engine downloaded it (its snapshot in the
+    Hugging Face cache, or vLLM's --download-dir, read by huggingface_hub itself, offline); one never downloaded
+    has no layout to check against."""
+    repo = tmp_path / "models--samrollout-test--tiny"
+    snapshot = repo / "snapshots" / ("a" * 40)
+    snapshot.mkdir(parents=True)
+    for file in tiny_dir.glob("*.safetensors"):
+        os.link(file, snapshot / file.name)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("a" * 40)
+    layout = checkpoint_layout("samrollout-test/tiny", download_dir=str(tmp_path))
+    assert layout is not None and layout == checkpoint_layout(str(tiny_dir))
+    assert checkpoint_layout("samrollout-test/never-downloaded", download_dir=str(tmp_path)) is None
+    assert checkpoint_layout("/no/such/directory") is None
 
 
 def test_tiny_models_other_weights_match_its_served_layout(tiny_dir: Path, tiny_weights_v2: Path) -> None:

@@ -28,38 +28,13 @@ from samrollout.testing import ServerProcess
 from samrollout_client import RolloutClient, SamrolloutError
 from samrollout_client.weight_push import relay_chains
 from samrollout_client.weights import MAX_RELAY_HOPS, RELAY_HEADER
-from support.weight_swap import WeightSwapper, swapping_weights
+from support.weight_swap import WeightSwapper, greedy, open_uploads, server_id, swapped_pair
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
-PROBE = {"model": "tiny", "prompt": "relayed weights probe", "max_tokens": 12, "temperature": 0, "ignore_eos": True}
 
 
-@pytest.fixture(scope="module")
-def swaps(tiny_server: ServerProcess, second_tiny_server: ServerProcess, tiny_dir: Path,
-          tiny_weights_v2: Path) -> Iterator[tuple[WeightSwapper, WeightSwapper]]:
-    """Both shared servers leave this module on the weights and versions they came with."""
-    with swapping_weights(tiny_server, "relay", tiny_dir, tiny_weights_v2) as first, \
-            swapping_weights(second_tiny_server, "relay", tiny_dir, tiny_weights_v2) as second:
-        yield first, second
-
-
-def _greedy(server: ServerProcess) -> tuple[list[int], str]:
-    reply = httpx.post(f"{server.url}/v1/completions", json=PROBE, headers=AUTH, timeout=60)
-    assert reply.status_code == 200, reply.text
-    body = reply.json()
-    return body["choices"][0]["token_ids"], body["weight_version"]
-
-
-def _open_uploads(server: ServerProcess) -> list[dict[str, Any]]:
-    reply = httpx.get(f"{server.url}/admin/weight_uploads", headers=AUTH, timeout=30)
-    assert reply.status_code == 200, reply.text
-    uploads: list[dict[str, Any]] = reply.json()["uploads"]
-    return uploads
-
-
-def _server_id(server: ServerProcess) -> str:
-    server_id: str = httpx.get(f"{server.url}/admin/identity", headers=AUTH, timeout=30).json()["server_id"]
-    return server_id
+swaps = swapped_pair("relay")
+PROMPT = "relayed weights probe"
 
 
 # --- through the servers ---------------------------------------------------------------------------------------
@@ -68,19 +43,21 @@ def _server_id(server: ServerProcess) -> str:
 def test_each_server_lists_its_configured_peers_with_their_ids_and_the_silent_one_as_unreachable(
         tiny_server: ServerProcess, second_tiny_server: ServerProcess) -> None:
     listed = httpx.get(f"{tiny_server.url}/admin/peers", headers=AUTH, timeout=60).json()
-    assert listed["server_id"] == _server_id(tiny_server)
+    assert listed["server_id"] == server_id(tiny_server)
     by_url = {peer["url"]: peer for peer in listed["peers"]}
-    assert by_url[peer_url("second_tiny_server")]["server_id"] == _server_id(second_tiny_server)
+    assert by_url[peer_url("second_tiny_server")]["server_id"] == server_id(second_tiny_server)
     silent = by_url[peer_url("silent_peer")]
     assert silent["reachable"] is False and silent["server_id"] is None and "Connect" in silent["error"]
-    back = httpx.get(f"{second_tiny_server.url}/admin/peers", headers=AUTH, timeout=60).json()["peers"]
-    assert [peer["server_id"] for peer in back] == [listed["server_id"]]
+    back = {peer["url"]: peer for peer in httpx.get(f"{second_tiny_server.url}/admin/peers", headers=AUTH,
+                                                     timeout=60).json()["peers"]}
+    assert back[peer_url("tiny_server")]["server_id"] == listed["server_id"]
+    assert set(back) == {peer_url("tiny_server"), peer_url("relay_victim")}  # the victim: up only in its module
 
 
 def test_a_push_to_two_peers_crosses_the_clients_link_once_and_both_serve_the_new_weights(
         tiny_server: ServerProcess, second_tiny_server: ServerProcess, tiny_weights_v2: Path, tiny_dir: Path,
         swaps: tuple[WeightSwapper, WeightSwapper]) -> None:
-    before, _ = _greedy(tiny_server)
+    before, _ = greedy(tiny_server, PROMPT)
     urls = [tiny_server.url, second_tiny_server.url]
     version = swaps[0].new_version("fan-out")
     with RolloutClient(urls, model="tiny", api_key=API_KEY) as client:
@@ -90,7 +67,7 @@ def test_a_push_to_two_peers_crosses_the_clients_link_once_and_both_serve_the_ne
         checkpoint = sum(f.stat().st_size for f in tiny_weights_v2.glob("*.safetensors"))
         assert push.relay_chains == [urls] and push.endpoints == 2
         assert push.bytes == checkpoint and push.bytes_sent == checkpoint  # one copy for two servers
-        relayed = [_greedy(server) for server in (tiny_server, second_tiny_server)]
+        relayed = [greedy(server, PROMPT) for server in (tiny_server, second_tiny_server)]
         assert relayed[0] == relayed[1] and relayed[0][1] == version and relayed[0][0] != before
 
         back = swaps[0].new_version("direct")
@@ -98,18 +75,18 @@ def test_a_push_to_two_peers_crosses_the_clients_link_once_and_both_serve_the_ne
         for swapper in swaps:
             swapper.loaded = tiny_dir
     assert direct.relay_chains == [[url] for url in urls] and direct.bytes_sent == 2 * direct.bytes
-    assert [_greedy(server) for server in (tiny_server, second_tiny_server)] == [(before, back)] * 2
-    assert all(not _open_uploads(server) for server in (tiny_server, second_tiny_server))
+    assert [greedy(server, PROMPT) for server in (tiny_server, second_tiny_server)] == [(before, back)] * 2
+    assert all(not open_uploads(server) for server in (tiny_server, second_tiny_server))
 
 
 def test_a_relay_that_fails_on_the_second_server_cancels_the_push_on_both_and_nothing_loads(
         tiny_server: ServerProcess, second_tiny_server: ServerProcess, tiny_weights_v2: Path,
         swaps: tuple[WeightSwapper, WeightSwapper]) -> None:
-    before = [_greedy(server) for server in (tiny_server, second_tiny_server)]
+    before = [greedy(server, PROMPT) for server in (tiny_server, second_tiny_server)]
 
     def tensors_after_the_second_servers_upload_is_gone() -> Iterator[tuple[str, Any]]:
         """The new weights, read once the uploads are open: first the second server's upload is cancelled."""
-        (upload,) = _open_uploads(second_tiny_server)
+        (upload,) = open_uploads(second_tiny_server)
         assert httpx.delete(f"{second_tiny_server.url}/admin/weight_uploads/{upload['upload_id']}",
                             headers=AUTH, timeout=30).status_code == 200
         for file in sorted(tiny_weights_v2.glob("*.safetensors")):
@@ -119,9 +96,9 @@ def test_a_relay_that_fails_on_the_second_server_cancels_the_push_on_both_and_no
     with RolloutClient(urls, model="tiny", api_key=API_KEY) as client, \
             pytest.raises(SamrolloutError, match=r"502.*relaying .* to peer") as failed:
         client.push_weights(tensors_after_the_second_servers_upload_is_gone(), swaps[0].new_version("never"))
-    assert _server_id(second_tiny_server) in str(failed.value)  # the hop that failed is named
-    assert [_greedy(server) for server in (tiny_server, second_tiny_server)] == before  # nothing loaded anywhere
-    assert all(not _open_uploads(server) for server in (tiny_server, second_tiny_server))  # all cancelled
+    assert server_id(second_tiny_server) in str(failed.value)  # the hop that failed is named
+    assert [greedy(server, PROMPT) for server in (tiny_server, second_tiny_server)] == before  # nothing loaded anywhere
+    assert all(not open_uploads(server) for server in (tiny_server, second_tiny_server))  # all cancelled
     assert admin_status(tiny_server)["weight_uploads"]["staged_bytes"] == 0
 
 
@@ -161,6 +138,31 @@ def test_a_relay_to_a_server_that_is_not_a_configured_peer_is_refused_and_nothin
 def test_the_peer_routes_need_the_api_key(tiny_server: ServerProcess) -> None:
     for path in ("/admin/identity", "/admin/peers", "/admin/weight_uploads"):
         assert httpx.get(f"{tiny_server.url}{path}", timeout=30).status_code == 401, path
+
+
+def test_a_relayed_put_without_the_key_is_refused_and_nothing_is_passed_on(
+        tiny_server: ServerProcess, second_tiny_server: ServerProcess) -> None:
+    """A PUT naming a real next hop (the peer's id and its open upload), without the key: 401 at the first server,
+    and 401 at the peer when sent to it as a relaying server would; neither upload stages anything."""
+    data = b"not really weights"
+    uploads = {server.url: httpx.post(f"{server.url}/admin/weight_uploads", headers=AUTH, timeout=30).json()
+               for server in (tiny_server, second_tiny_server)}
+    first, second = uploads[tiny_server.url], uploads[second_tiny_server.url]
+    headers = {"X-Content-SHA256": hashlib.sha256(data).hexdigest()}
+    try:
+        relayed = httpx.put(f"{tiny_server.url}/admin/weight_uploads/{first['upload_id']}/files/model.safetensors",
+                            content=data, timeout=60,
+                            headers={**headers, RELAY_HEADER: f"{second['server_id']}/{second['upload_id']}"})
+        assert relayed.status_code == 401, relayed.text
+        hop = httpx.put(f"{second_tiny_server.url}/admin/weight_uploads/{second['upload_id']}/files/"
+                        "model.safetensors", content=data, timeout=60, headers=headers)
+        assert hop.status_code == 401, hop.text
+        for url, opened in uploads.items():
+            shown = httpx.get(f"{url}/admin/weight_uploads/{opened['upload_id']}", headers=AUTH, timeout=30).json()
+            assert shown["files"] == {} and shown["bytes"] == 0, url
+    finally:
+        for url, opened in uploads.items():
+            httpx.delete(f"{url}/admin/weight_uploads/{opened['upload_id']}", headers=AUTH, timeout=30)
 
 
 # --- chains and headers on their own ---------------------------------------------------------------------------

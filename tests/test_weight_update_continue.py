@@ -509,6 +509,44 @@ def test_keep_kv_with_new_weights_keeps_the_old_tokens_and_goes_on_without_recom
     wait_until_idle(tiny_server)
 
 
+PREEMPTED = "vllm:num_preemptions_total"  # vLLM's own count of preempted sequences
+PREFILLED_AGAIN = "samrollout_engine_prefilled_again_tokens_total"  # the engine's re-admission lookups, not ours
+
+
+@pytest.mark.parametrize("in_flight", [KEEP, "continue"])
+def test_the_engines_counters_show_keep_kv_prefill_nothing_again_and_continue_prefill_the_whole_context(
+        tiny_server: ServerProcess, weights: WeightSwapper, in_flight: str) -> None:
+    """A stream frozen a few tokens in, updated to the same weights under a new version, counted by the engine
+    itself: with ``continue-keep-kv`` nothing is preempted and no token prefilled again (and the reply is the
+    uninterrupted one, token for token); with ``continue`` the sequence is preempted once and its prompt plus the
+    tokens before the update are prefilled again.  (The update's own ``recomputed_tokens`` is the server's
+    arithmetic, 0 by definition for keep-KV: these counters are what the engine did.)"""
+    wait_until_idle(tiny_server)
+    body = PROBES["completion stream"]
+    old = admin_status(tiny_server)["weight_version"]
+    new = weights.new_version(f"counters-{in_flight}")
+
+    async def scenario() -> tuple[Reply, Reply, dict[str, float], dict[str, float]]:
+        async with client_for(tiny_server) as client:
+            reference = parse_body(await post(client, {**body, "stream": False}))
+            running = await frozen_mid_generation(client, body)
+            before = {name: await counter(client, name) for name in (PREEMPTED, PREFILLED_AGAIN)}
+            await update(client, weights, new, in_flight, same_weights=True)
+            reply = await running
+            return reference, reply, before, {name: await counter(client, name) for name in before}
+
+    reference, reply, before, after = asyncio.run(scenario())
+    choice = reply.choices[0]
+    k = reply_spans_cover(choice, old, new)
+    preempted, prefilled = (after[name] - before[name] for name in (PREEMPTED, PREFILLED_AGAIN))
+    if in_flight == KEEP:
+        assert (preempted, prefilled) == (0, 0)
+        assert choice.token_ids == reference.choices[0].token_ids
+    else:
+        assert (preempted, prefilled) == (1, len(reply.prompt_token_ids) + k)
+    wait_until_idle(tiny_server)
+
+
 def test_a_request_after_a_keep_kv_update_reuses_no_keys_or_values_of_the_old_weights(
         tiny_server: ServerProcess, weights: WeightSwapper) -> None:
     # A probe runs across a keep-KV update to its end; its blocks (prompt and tokens computed under the old

@@ -25,8 +25,10 @@ from samrollout_client.types import (
     WeightPush,
     WeightVersionSpan,
 )
+from samrollout_client.weight_commit import EndpointWeights, WeightsSplit
+from samrollout_client.weight_push import StagedWeights
 
-__all__ = ["AsyncRolloutClient", "GroupResult", "InFlight", "NoEndpointAvailable", "PartialRollout",
-           "PartialRolloutStats", "RequestRejected", "RolloutClient", "RolloutFailed", "RolloutReport", "Sample",
-           "SampleFailure", "SamplePiece", "Sampling", "SamrolloutError", "SpecStats", "StalePolicy",
-           "SyncPartialRollout", "WeightPush", "WeightVersionSpan"]
+__all__ = ["AsyncRolloutClient", "EndpointWeights", "GroupResult", "InFlight", "NoEndpointAvailable",
+           "PartialRollout", "PartialRolloutStats", "RequestRejected", "RolloutClient", "RolloutFailed",
+           "RolloutReport", "Sample", "SampleFailure", "SamplePiece", "Sampling", "SamrolloutError", "SpecStats",
+           "StagedWeights", "StalePolicy", "SyncPartialRollout", "WeightPush", "WeightVersionSpan", "WeightsSplit"]

@@ -79,7 +79,8 @@ from samrollout_client.types import (
     is_prompt,
 )
 from samrollout_client.versions import VersionTracker
-from samrollout_client.weight_push import push_weights
+from samrollout_client.weight_commit import WeightsSplit, commit_weights, push_weights, roll_back
+from samrollout_client.weight_push import StagedWeights, stage_weights
 from samrollout_client.weights import DEFAULT_SHARD_BYTES, WeightFiles, WeightsSource
 
 
@@ -425,15 +426,47 @@ class AsyncRolloutClient:
         that relay it to one another (their ``--weight-peers``; about one checkpoint on this
         client's link), to each endpoint directly where no peer reaches it (or with
         ``fan_out=False``). Only once every endpoint holds every file, its SHA-256 checked on
-        each, are the uploads committed, each loading them as `update_weights` loads a directory.
-        A failure anywhere before the commits (on a relaying server too) cancels every upload
-        (nothing is loaded anywhere) and raises `SamrolloutError` (`RequestRejected` for a 4xx: a
-        bad file, over the server's size bound); a commit that fails (bad tensor names, shapes or dtypes: 400) leaves
-        that endpoint on its old weights. ``in_flight`` as for `update_weights`. Returns what was
-        sent and how long the upload and the load took.
+        each, are the uploads committed, each loading them as `update_weights` loads a directory
+        (`stage_weights`, then `commit_weights`). A failure anywhere before the commits (on a
+        relaying server too) cancels every upload (nothing is loaded anywhere) and raises
+        `SamrolloutError` (`RequestRejected` for a 4xx: a bad file, over the server's size bound),
+        naming the version each endpoint serves. Commits that all fail (bad tensor names, shapes or
+        dtypes: 400) leave every endpoint on its old weights; commits that fail on some endpoints
+        only raise `WeightsSplit` (which endpoint serves which version; `commit_weights` on its
+        ``staged`` or `roll_back` brings them together). ``in_flight`` as for `update_weights`.
+        Returns what was sent and how long the upload and the load took.
         """
         source = WeightFiles(weights, shard_bytes)  # a bad argument fails here, before any request
         return await push_weights(self._transport, self._versions, source, version, in_flight, timeout_s, fan_out)
+
+    async def stage_weights(self, weights: WeightsSource, *, shard_bytes: int = DEFAULT_SHARD_BYTES,
+                            fan_out: bool = True) -> StagedWeights:
+        """`push_weights`' first half: every endpoint receives and checks the files, none loads them yet.
+
+        Commit them later with `commit_weights` (e.g. at a step boundary, the upload having run
+        beside generation); uploads left uncommitted expire after the servers'
+        ``--weight-upload-idle-seconds``.
+        """
+        return await stage_weights(self._transport, WeightFiles(weights, shard_bytes), fan_out)
+
+    async def commit_weights(self, staged: StagedWeights, version: str, in_flight: InFlight = "wait",
+                             timeout_s: float = 600.0) -> WeightPush:
+        """Load staged weights as ``version`` on every endpoint holding them, wait until each serves it.
+
+        ``staged``: what `stage_weights` returned, or a `WeightsSplit`'s ``staged`` (the uploads
+        still staged where a commit failed: this tries those commits again). Raises `WeightsSplit`
+        when some endpoints load it and others do not (`samrollout_client.weight_commit`).
+        """
+        return await commit_weights(self._transport, self._versions, staged, version, in_flight, timeout_s)
+
+    async def roll_back(self, split: WeightsSplit, weights: WeightsSource, version: str | None = None,
+                        in_flight: InFlight = "wait", *, shard_bytes: int = DEFAULT_SHARD_BYTES,
+                        timeout_s: float = 600.0, fan_out: bool = True) -> WeightPush:
+        """Undo a `WeightsSplit`: push ``weights`` (the ones served before it) as ``version`` to the endpoints that
+        took the split's version, and cancel the uploads still staged elsewhere. ``version`` None: the version the
+        other endpoints still serve."""
+        return await roll_back(self._transport, self._versions, split, WeightFiles(weights, shard_bytes), version,
+                               in_flight, timeout_s, fan_out)
 
     async def pause(self, mode: PauseMode = "keep") -> None:
         """Hold generation on every endpoint."""

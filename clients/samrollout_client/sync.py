@@ -20,6 +20,8 @@ from samrollout_client.types import (
     StalePolicy,
     WeightPush,
 )
+from samrollout_client.weight_commit import WeightsSplit
+from samrollout_client.weight_push import StagedWeights
 from samrollout_client.weights import DEFAULT_SHARD_BYTES, WeightsSource
 
 T = TypeVar("T")
@@ -78,6 +80,23 @@ class RolloutClient:
         """See `AsyncRolloutClient.push_weights`."""
         return self._run(self._client.push_weights(weights, version, in_flight, shard_bytes=shard_bytes,
                                                    timeout_s=timeout_s, fan_out=fan_out))
+
+    def stage_weights(self, weights: WeightsSource, *, shard_bytes: int = DEFAULT_SHARD_BYTES,
+                      fan_out: bool = True) -> StagedWeights:
+        """See `AsyncRolloutClient.stage_weights`."""
+        return self._run(self._client.stage_weights(weights, shard_bytes=shard_bytes, fan_out=fan_out))
+
+    def commit_weights(self, staged: StagedWeights, version: str, in_flight: InFlight = "wait",
+                       timeout_s: float = 600.0) -> WeightPush:
+        """See `AsyncRolloutClient.commit_weights`."""
+        return self._run(self._client.commit_weights(staged, version, in_flight, timeout_s))
+
+    def roll_back(self, split: WeightsSplit, weights: WeightsSource, version: str | None = None,
+                  in_flight: InFlight = "wait", *, shard_bytes: int = DEFAULT_SHARD_BYTES, timeout_s: float = 600.0,
+                  fan_out: bool = True) -> WeightPush:
+        """See `AsyncRolloutClient.roll_back`."""
+        return self._run(self._client.roll_back(split, weights, version, in_flight, shard_bytes=shard_bytes,
+                                                timeout_s=timeout_s, fan_out=fan_out))
 
     def pause(self, mode: PauseMode = "keep") -> None:
         """See `AsyncRolloutClient.pause`."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 import httpx
 
@@ -52,11 +52,13 @@ class VersionTracker:
         """Ask every endpoint which version it serves."""
         await asyncio.gather(*(self.of(e) for e in self._transport.pool.endpoints))
 
-    async def wait_for(self, version: str, timeout_s: float) -> None:
-        """Return once every endpoint's /health reports ``version``; SamrolloutError after ``timeout_s``."""
+    async def wait_for(self, version: str, timeout_s: float, endpoints: Sequence[Endpoint] | None = None) -> None:
+        """Return once every endpoint's (or each of ``endpoints``') /health reports ``version``; SamrolloutError after
+        ``timeout_s``."""
         deadline = time.monotonic() + timeout_s
+        asked = list(self._transport.pool.endpoints if endpoints is None else endpoints)
         while True:
-            versions = await asyncio.gather(*(self.of(e) for e in self._transport.pool.endpoints))
+            versions = await asyncio.gather(*(self.of(e) for e in asked))
             if all(v == version for v in versions):
                 return
             if time.monotonic() > deadline:

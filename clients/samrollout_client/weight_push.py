@@ -1,4 +1,4 @@
-"""New weights sent to every server over HTTP and loaded all or nothing (`AsyncRolloutClient.push_weights`).
+"""New weights sent to every server over HTTP and staged there, not loaded yet (`stage_weights`).
 
 Each file goes out with its SHA-256 (``POST/PUT /admin/weight_uploads``).  With ``fan_out`` (the
 default) the client asks each server which of the others it may relay to (``GET /admin/peers``:
@@ -7,18 +7,19 @@ the servers' own ``--weight-peers``) and sends each file once per *chain* of ser
 so the trainer's link carries about one checkpoint whatever the number of servers.  Servers no
 peer can reach (or all of them, without peers or with ``fan_out=False``) get the file directly.
 The first server's answer lists what every server of its chain received and its SHA-256; the
-client checks each against the file.  Only once every server holds every file are the uploads
-committed, each loading them as ``/admin/update_weights`` loads a directory.  A failure anywhere
-before the commits cancels every upload, so nothing is loaded anywhere.
+client checks each against the file.  A failure anywhere cancels every upload, so nothing is
+staged or loaded anywhere, and the error says which version each server still serves.  Loading
+the staged files is `weight_commit`'s (`AsyncRolloutClient.push_weights` does both).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -26,9 +27,9 @@ import httpx
 from samrollout_client.endpoints import Endpoint
 from samrollout_client.errors import RequestRejected, SamrolloutError, error_message
 from samrollout_client.transport import Transport, raise_failures
-from samrollout_client.types import InFlight, WeightPush
-from samrollout_client.versions import VersionTracker
 from samrollout_client.weights import MAX_RELAY_HOPS, RELAY_HEADER, SHA256_HEADER, WeightFile, WeightFiles
+
+logger = logging.getLogger("samrollout_client")
 
 
 @dataclass(frozen=True)
@@ -40,17 +41,34 @@ class UploadTarget:
     server_id: str | None
 
 
-async def push_weights(transport: Transport, versions: VersionTracker, source: WeightFiles, version: str,
-                       in_flight: InFlight, timeout_s: float, fan_out: bool = True) -> WeightPush:
-    """Upload ``source`` to every endpoint (relayed along chains with ``fan_out``), commit it as ``version``
-    everywhere, wait until all serve it."""
+@dataclass
+class StagedWeights:
+    """Weights every endpoint of ``targets`` holds staged, checked and not loaded: what `weight_commit` loads."""
+
+    targets: list[UploadTarget]
+    files: list[str] = field(default_factory=list)
+    bytes: int = 0
+    bytes_sent: int = 0
+    relay_chains: list[list[str]] = field(default_factory=list)
+    upload_s: float = 0.0
+
+    @property
+    def endpoints(self) -> list[str]:
+        """The URLs of the endpoints holding the upload."""
+        return [target.endpoint.url for target in self.targets]
+
+
+async def stage_weights(transport: Transport, source: WeightFiles, fan_out: bool = True,
+                        endpoints: Sequence[Endpoint] | None = None) -> StagedWeights:
+    """Upload ``source`` to every endpoint (or each of ``endpoints``), relayed along chains with ``fan_out``; on any
+    failure every upload is cancelled and the error names what each endpoint serves (`naming_versions`)."""
     started = time.monotonic()
-    endpoints = list(transport.pool.endpoints)
-    opened = await transport.post_to_all("/admin/weight_uploads", None)
+    endpoints = list(transport.pool.endpoints if endpoints is None else endpoints)
+    opened = await asyncio.gather(*(transport.post(e, "/admin/weight_uploads", None) for e in endpoints),
+                                  return_exceptions=True)
     targets = [UploadTarget(e, str(r["upload_id"]), r.get("server_id")) for e, r in zip(endpoints, opened, strict=True)
                if isinstance(r, dict)]
-    names: list[str] = []
-    sent = 0
+    staged = StagedWeights(targets)
     chains = [[target] for target in targets]
     try:
         raise_failures("opening a weight upload", endpoints, opened)
@@ -63,23 +81,51 @@ async def push_weights(transport: Transport, versions: VersionTracker, source: W
             replies = await asyncio.gather(*(_send_along(transport, chain, file) for chain in chains),
                                            return_exceptions=True)
             raise_failures(f"sending {file.name}", heads, replies)
-            names.append(file.name)
-            sent += file.size * len(chains)
-    except BaseException:
-        await asyncio.gather(*(_cancel_upload(transport, t) for t in targets), return_exceptions=True)
+            staged.files.append(file.name)
+            staged.bytes += file.size
+            staged.bytes_sent += file.size * len(chains)
+    except BaseException as error:
+        await cancel_uploads(transport, targets)
+        if isinstance(error, SamrolloutError):
+            raise await naming_versions(transport, endpoints, error, "nothing was staged or loaded") from error
         raise
-    uploaded = time.monotonic()
-    body = {"version": version, "in_flight": in_flight}
-    commits = await asyncio.gather(*(transport.post(t.endpoint, f"/admin/weight_uploads/{t.upload_id}/commit", body)
-                                     for t in targets), return_exceptions=True)
-    raise_failures("committing the weights", endpoints, commits)
-    await versions.wait_for(version, timeout_s)
-    versions.served(version)
-    done = time.monotonic()
-    return WeightPush(version=version, endpoints=len(targets), files=names,
-                      bytes=sent // max(len(chains), 1), bytes_sent=sent,
-                      relay_chains=[[t.endpoint.url for t in chain] for chain in chains],
-                      upload_s=uploaded - started, load_s=done - uploaded, seconds=done - started)
+    staged.relay_chains = [[t.endpoint.url for t in chain] for chain in chains]
+    staged.upload_s = time.monotonic() - started
+    return staged
+
+
+async def cancel_uploads(transport: Transport, targets: Sequence[UploadTarget]) -> None:
+    """Cancel every upload of ``targets`` (best effort: one that expired, was committed or whose server is gone is
+    gone anyway)."""
+    await asyncio.gather(*(_cancel_upload(transport, t) for t in targets), return_exceptions=True)
+
+
+async def served_versions(transport: Transport, endpoints: Sequence[Endpoint]) -> list[str | None]:
+    """The version each endpoint's ``/health`` reports now (None: it does not answer)."""
+    async def of(endpoint: Endpoint) -> str | None:
+        try:
+            reply = await transport.http.get(f"{endpoint.url}/health", timeout=10.0)
+            version = reply.json().get("weight_version") if reply.status_code == 200 else None
+        except (httpx.HTTPError, ValueError):
+            return None
+        return version if isinstance(version, str) else None
+
+    return list(await asyncio.gather(*(of(endpoint) for endpoint in endpoints)))
+
+
+def versions_text(urls: Sequence[str], versions: Sequence[str | None]) -> str:
+    """``url serves 'v'; url does not answer; ...``: which endpoint serves which version."""
+    return "; ".join(f"{url} serves {version!r}" if version is not None else f"{url} does not answer"
+                     for url, version in zip(urls, versions, strict=True))
+
+
+async def naming_versions(transport: Transport, endpoints: Sequence[Endpoint], error: SamrolloutError,
+                          outcome: str) -> SamrolloutError:
+    """``error`` (a `RequestRejected` stays one, with its status) with ``outcome`` and each endpoint's version now."""
+    said = f"{outcome}: {versions_text([e.url for e in endpoints], await served_versions(transport, endpoints))}"
+    if isinstance(error, RequestRejected):
+        return RequestRejected(error.endpoint, error.status, f"{error.message}; {said}")
+    return SamrolloutError(f"{error}; {said}")
 
 
 def relay_chains(server_ids: Sequence[str | None], reachable: Sequence[set[str]]) -> list[list[int]]:
@@ -117,6 +163,10 @@ async def _reachable_peers(transport: Transport, targets: list[UploadTarget]) ->
             reply = await transport.get(target.endpoint, "/admin/peers")
         except SamrolloutError:  # a server of an older release, or one that failed to ask: push to it directly
             return set()
+        for peer in reply.get("peers", []):
+            if peer.get("configuration_error"):
+                logger.warning("%s cannot relay weight files to %s: %s", target.endpoint.url, peer.get("url"),
+                               peer["configuration_error"])
         return {str(p["server_id"]) for p in reply.get("peers", []) if p.get("reachable") and p.get("server_id")}
 
     return list(await asyncio.gather(*(peers_of(target) for target in targets)))

@@ -273,6 +273,18 @@ PANELS: list[Panel] = [
     ), UPDATES, width=6, min=0,
         description=f"Sequences with tokens that continue or continue-keep-kv updates carried onto new weights, "
                     f"over the last {ROLLOUT_WINDOW}."),
+    Panel("Servers by weight version", "none", (
+        Query("count by (version) (samrollout_weight_version_info)", "{{version}}"),
+    ), UPDATES, width=6, min=0, stacked=True,
+        description="How many servers serve each weight version: more than one line at once is a split (a push "
+                    "that committed on some servers only; the client raises WeightsSplit naming them)."),
+    Panel("Weight peers by state", "none", (
+        Query("sum by (state) (samrollout_weight_peers)", "{{state}}"),
+        Query("sum(samrollout_weight_peers_on_other_version)", "answering on another version"),
+    ), UPDATES, width=6, min=0,
+        description="Each server's configured weight peers as last probed (every 15 s): key_refused is a "
+                    "configuration error (the servers were given different API keys: pushes go to those peers "
+                    "directly, and they carry the whole checkpoint each)."),
     Panel("Tokens recomputed by updates", "none", (
         Query(f"sum(increase({RECOMPUTED}[{ROLLOUT_WINDOW}]))", f"recomputed ({ROLLOUT_WINDOW})"),
     ), UPDATES, width=6, min=0,

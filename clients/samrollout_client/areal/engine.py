@@ -58,6 +58,8 @@ class SamrolloutInfEngine(RemoteInfEngine):  # type: ignore[misc]  # AReaL ships
     weight_transfer: WeightTransfer = "path"
     """How a disk weight update reaches the servers: they read AReaL's checkpoint directory ("path", a disk both
     see), or its files are pushed to them over HTTP ("push", no shared disk; `use_samrollout_engine`)."""
+    api_key: str | None = None
+    """The servers' API key, for a push: the upload routes keep the key also on the trainer's own port."""
 
     def __init__(self, config: InferenceEngineConfig, backend: RemoteInfBackendProtocol | None = None) -> None:
         super().__init__(config, backend or SamrolloutBackend())
@@ -201,7 +203,7 @@ class SamrolloutInfEngine(RemoteInfEngine):  # type: ignore[misc]  # AReaL ships
 
         saved = names.update_weights_from_disk(self.config.experiment_name, self.config.trial_name, model_version)
         name_resolve.wait(saved, timeout=SAVE_TIMEOUT_S)
-        with RolloutClient([f"http://{server}" for server in servers], model="areal",
+        with RolloutClient([f"http://{server}" for server in servers], model="areal", api_key=self.api_key,
                            request_timeout_s=self.config.request_timeout) as client:
             client.push_weights(str(meta.path), areal_version(str(meta.path)), "continue",
                                 timeout_s=self.config.request_timeout)
@@ -230,16 +232,18 @@ class SamrolloutEngine(RemotevLLMEngine):  # type: ignore[misc]  # AReaL ships n
         return list(self._engine.dropped_servers)
 
 
-def use_samrollout_engine(weight_transfer: WeightTransfer = "path") -> None:
+def use_samrollout_engine(weight_transfer: WeightTransfer = "path", api_key: str | None = None) -> None:
     """Make AReaL's trainer (``areal.trainer.rl_trainer``, ``rollout.backend=vllm``) build `SamrolloutEngine`.
 
     AReaL chooses its engine class by name in code (``rl_trainer.py``: ``engine_cls =
     RemotevLLMEngine``); no configuration key chooses another.  Call this in the training
     script before the trainer is made (SPMD mode, servers given by ``AREAL_LLM_SERVER_ADDRS``).
     ``weight_transfer``: "path" (the servers read AReaL's checkpoint directory: a disk both see)
-    or "push" (its files are sent to the servers over HTTP: no shared disk).
+    or "push" (its files are sent to the servers over HTTP: no shared disk), with ``api_key`` when the servers
+    have one (AReaL's own routes on their ``--areal-port`` need none; the upload routes do).
     """
     from areal.trainer import rl_trainer
 
     SamrolloutInfEngine.weight_transfer = weight_transfer
+    SamrolloutInfEngine.api_key = api_key
     rl_trainer.RemotevLLMEngine = SamrolloutEngine

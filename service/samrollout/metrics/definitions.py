@@ -59,6 +59,10 @@ REQUESTS_FINISHED = Counter(f"{P}requests_finished", "Finished requests by finis
 GENERATED_TOKENS = Counter(f"{P}generated_tokens", "Output tokens generated")
 PREEMPTIONS = Counter(f"{P}preemptions", "Running sequences the engine preempted (recomputed later): for KV memory, "
                       "or to continue on new weights (a weight update with in_flight=continue)")
+PREFILLED_AGAIN = Counter(f"{P}engine_prefilled_again_tokens",
+                          "Tokens the engine prefilled again for preempted sequences it took back, from its own "
+                          "prefix-cache lookups at their re-admission (tokens looked up minus cache hits): what a "
+                          "weight update with in_flight=continue, or a preemption for KV memory, costs")
 HTTP_ERRORS = Counter(f"{P}http_errors", "HTTP responses with an error status, by code", ["code"])
 
 # Rollouts (requests tagged with one rollout id), from the HTTP layer.
@@ -89,6 +93,10 @@ ENGINE_QUEUE = Histogram(f"{P}engine_queue_seconds", "Time a finished request wa
                          buckets=_LATENCY)
 
 WEIGHT_VERSION = Gauge(f"{P}weight_version_info", "The served weight version (value 1)", ["version"])
+WEIGHT_PEERS = Gauge(f"{P}weight_peers", "Configured weight peers by the last probe's outcome: answering, unreachable, "
+                     "or key_refused (a configuration error: they refuse this server's API key)", ["state"])
+WEIGHT_PEERS_ON_OTHER_VERSION = Gauge(f"{P}weight_peers_on_other_version",
+                                      "Weight peers that answered serving another weight version than this server")
 
 # Weight updates (`server.runtime.load_weights`, `server.continuation`).
 WEIGHT_UPDATE_PAUSE = Histogram(f"{P}weight_update_pause_seconds",

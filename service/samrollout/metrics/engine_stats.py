@@ -30,6 +30,7 @@ class SamStatLogger(StatLoggerBase):
             m.REQUESTS_WAITING.set(scheduler_stats.num_waiting_reqs)
             if scheduler_stats.spec_decoding_stats is not None:
                 self._record_speculation(scheduler_stats.spec_decoding_stats)
+            self._record_prefilled_again(getattr(scheduler_stats, "prefix_cache_stats", None))
         if iteration_stats is not None:
             self._record_iteration(iteration_stats)
 
@@ -44,6 +45,19 @@ class SamStatLogger(StatLoggerBase):
         self.drafted += spec.num_draft_tokens
         self.accepted += spec.num_accepted_tokens
         m.SPEC_ACCEPTANCE_RATE.set(self.accepted / self.drafted if self.drafted else 0.0)
+
+    @staticmethod
+    def _record_prefilled_again(cache: Any) -> None:
+        """Tokens prefilled again for preempted sequences re-admitted this step: the scheduler's prefix-cache
+        lookups for them (vLLM counts them apart, ``preempted_queries``, and exports none of it) minus the hits.
+
+        vLLM's own ``vllm:prompt_tokens`` counts a request's first prefill only, and its prefix-cache
+        counters new requests only: this is the engine's one count of recomputed context.
+        """
+        queried = int(getattr(cache, "preempted_queries", 0) or 0)
+        hits = int(getattr(cache, "preempted_hits", 0) or 0)
+        if queried > hits:
+            m.PREFILLED_AGAIN.inc(queried - hits)
 
     @staticmethod
     def _record_positions(spec: Any) -> None:

@@ -28,6 +28,8 @@ from samrollout_client.types import InFlight, PauseMode
 router = APIRouter(prefix="/admin", dependencies=[Depends(require_api_key)])
 ADMIN_ERRORS: dict[int | str, dict[str, Any]] = {400: {"description": "bad request"}, 401: {"description": "no key"},
                                             409: {"description": "not possible in this state or configuration"}}
+_UPDATE_ERRORS: dict[int | str, dict[str, Any]] = {**ADMIN_ERRORS,
+                                                   403: {"description": "path is outside --weights-root"}}
 
 
 class AdminBody(BaseModel):
@@ -79,9 +81,14 @@ def _runtime(request: Request) -> ServerRuntime:
     return runtime
 
 
-@router.post("/update_weights", responses=ADMIN_ERRORS)
+@router.post("/update_weights", responses=_UPDATE_ERRORS)
 async def update_weights(body: UpdateWeights, request: Request) -> dict[str, Any]:
-    """Load new policy weights atomically between steps; drafter state and prefix cache are dropped."""
+    """Load new policy weights atomically between steps (a directory inside --weights-root when that is set).
+
+    The drafters start again; every ``in_flight`` mode but ``continue-keep-kv`` also drops the prefix cache and
+    zeroes the KV cache (``continue-keep-kv`` keeps both: requests frozen mid-generation go on with the keys and
+    values the old weights computed, and later requests use no block of them).
+    """
     return await _runtime(request).update_weights(body.path, body.version, body.in_flight)
 
 
@@ -159,6 +166,9 @@ async def status(request: Request, drafter: bool = True) -> dict[str, Any]:
     update did and cost (`runtime.update_cost`: versions, mode, seconds generation was held, sequences
     continued and tokens recomputed; null before the first).  ``areal`` (with ``--areal-routes``, else null): whether
     AReaL's pause holds new requests, what it did to those in flight, and how many wait (`generation_gate`).
+    ``weight_peers`` (null without ``--weight-peers``): the peers as last probed (every 15 s): how many answer, are
+    unreachable or refuse this server's key, every version served among them and this server, and ``split``: true
+    while they serve more than one (a push that committed on some servers only).
     """
     runtime = _runtime(request)
     stats = await runtime.drafter_stats() if drafter else None
@@ -168,4 +178,5 @@ async def status(request: Request, drafter: bool = True) -> dict[str, Any]:
             "scheduling": runtime.scheduling_status(), "weight_uploads": runtime.weight_uploads.status(),
             "queue": runtime.queue.status(), "last_weight_update": runtime.last_update,
             "areal": None if runtime.generation_gate is None else runtime.generation_gate.status(),
+            "weight_peers": runtime.weight_peers.summary(runtime.weight_version),
             "drafter": None if not drafter else {} if stats is None else stats.to_json()}

@@ -41,6 +41,7 @@ def build_app(settings: ServerSettings) -> FastAPI:
                     "on" if settings.speculation else "off")
         background = [asyncio.create_task(_finish_idle_rollouts(runtime)),
                       asyncio.create_task(_expire_idle_uploads(runtime)),
+                      asyncio.create_task(runtime.weight_peers.watch(lambda: runtime.weight_version)),
                       asyncio.create_task(exit_when_engine_dies(runtime.engine, lambda: _request_exit(app)))]
         try:
             yield
@@ -51,7 +52,8 @@ def build_app(settings: ServerSettings) -> FastAPI:
                     await task
             await _stop(runtime)
 
-    # The API docs list every admin route: they are served below, behind the key like /v1 and /admin.
+    # The API docs list every admin route: they are served below, behind the key like /v1 and /admin (also on the
+    # trainer's port, where only AReaL's routes and /v1/completions go without it: `auth`).
     app = FastAPI(title="samrollout", version=_version(), lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url=None,
                   description="OpenAI-compatible rollout server with SAM speculative decoding and RL controls.")

@@ -21,8 +21,10 @@ answers the routes that engine calls:
   ``/areal_update_weights_lora``: 501 (no LoRA adapters).
 
 Replies carry AReaL's ``{"success", "message"}``; errors are OpenAI-style with their 4xx code, as
-everywhere (AReaL reads only the status).  AReaL sends no API key: these routes, like ``/v1``, need
-one only when the server has one, which is why ``--areal-routes`` refuses ``--api-key``.
+everywhere (AReaL reads only the status).  AReaL sends no API key: these routes (and
+``/v1/completions``) answer without one on the trainer's own port (``--areal-port``, `auth`); on
+``--port`` they need the key like ``/v1`` when the server has one.  ``model_path`` must lie inside
+``--weights-root`` (403 otherwise), which ``--areal-routes`` requires unless told not to.
 """
 
 from __future__ import annotations
@@ -32,15 +34,16 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Depends, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from samrollout.server.auth import require_api_key
+from samrollout.server.auth import require_api_key_or_trainer_port
 from samrollout.server.errors import ApiError
 from samrollout.server.generation_gate import AReaLPause, GenerationGate
 from samrollout.server.runtime import ServerRuntime
 from samrollout_client.areal_checkpoints import areal_version
 from samrollout_client.types import InFlight
 
-router = APIRouter(dependencies=[Depends(require_api_key)], tags=["AReaL"])
+router = APIRouter(dependencies=[Depends(require_api_key_or_trainer_port)], tags=["AReaL"])
 _ERRORS: dict[int | str, dict[str, Any]] = {400: {"description": "bad request"},
+                                            403: {"description": "model_path is outside --weights-root"},
                                             409: {"description": "not possible in this state or configuration"}}
 NCCL_HELP = ("samrollout loads weights from a directory or from an HTTP push, not over NCCL: set "
              "actor.weight_update_mode=disk in AReaL's config")
@@ -107,8 +110,7 @@ async def update_weights(body: UpdateWeights, request: Request) -> dict[str, Any
     keep_going = gate.closed and gate.pause == "continue" and not body.abort_all_requests
     in_flight: InFlight = "continue" if keep_going else "abort"
     version = areal_version(body.model_path)
-    cost = await runtime.load_weights(body.model_path, version, in_flight, param="model_path",
-                                      source=body.model_path)
+    cost = await runtime.update_weights(body.model_path, version, in_flight, param="model_path")
     return _done(f"weights {version} loaded from {body.model_path}", **cost)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import signal
+import socket
 import sys
 from typing import Any
 
@@ -44,7 +45,8 @@ def run_serve(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=settings.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     app = build_app(settings)
-    print(f"samrollout: starting on http://{settings.host}:{settings.port} (engine start takes a while)",
+    trainer = f", AReaL's trainer on port {settings.areal_port}" if settings.areal_port else ""
+    print(f"samrollout: starting on http://{settings.host}:{settings.port}{trainer} (engine start takes a while)",
           file=sys.stderr, flush=True)
     # uvicorn drains in-flight requests on SIGTERM, then re-raises the signal to the handler
     # installed before it: a no-op one makes a drained shutdown exit with status 0.
@@ -54,11 +56,26 @@ def run_serve(args: argparse.Namespace) -> int:
     from samrollout.server.http_limits import guarded_http_protocol
 
     protocol = guarded_http_protocol(AutoHTTPProtocol, settings.max_connections, settings.header_timeout)
-    server = uvicorn.Server(uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level,
-                                           timeout_graceful_shutdown=int(settings.shutdown_timeout), http=protocol,
-                                           timeout_keep_alive=settings.keep_alive_timeout))
+    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level,
+                            timeout_graceful_shutdown=int(settings.shutdown_timeout), http=protocol,
+                            timeout_keep_alive=settings.keep_alive_timeout)
+    server = uvicorn.Server(config)
     app.state.request_exit = lambda: setattr(server, "should_exit", True)
-    server.run()
+    server.run(sockets=listeners(config, settings.areal_port))
     if getattr(app.state, "engine_died", False):
         return ENGINE_DIED_EXIT_CODE
     return 0 if server.started else STARTUP_FAILED_EXIT_CODE
+
+
+def listeners(config: Any, areal_port: int | None) -> list[socket.socket]:
+    """The bound sockets the server accepts on: ``--port``, and the trainer's own ``--areal-port`` (`auth`) if set.
+
+    Both are bound before the engine starts, as uvicorn binds one: a port taken stops the start.
+    """
+    import uvicorn
+
+    sockets = [config.bind_socket()]
+    if areal_port is not None:
+        trainer = uvicorn.Config(config.app, host=config.host, port=areal_port)
+        sockets.append(trainer.bind_socket())
+    return sockets

@@ -21,7 +21,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from samrollout.metrics.rollouts import SequenceOutcome
-from samrollout.server.auth import require_api_key
+from samrollout.server.auth import require_api_key, require_api_key_or_trainer_port
 from samrollout.server.errors import ApiError, error_response
 from samrollout.server.inflight import InflightRequest
 from samrollout.server.request_end import at_request_end
@@ -38,7 +38,10 @@ from samrollout.server.stream_endings import ChoiceEndings, StreamShape
 from samrollout.server.vllm_serving import validate_json_request, with_cancellation
 from samrollout.server.weight_labels import WeightLabels
 
-router = APIRouter(dependencies=[Depends(require_api_key)])
+router = APIRouter()
+_KEY = [Depends(require_api_key)]
+# AReaL calls completions without a key: from the trainer's own port only (`auth`).
+_KEY_OR_TRAINER = [Depends(require_api_key_or_trainer_port)]
 _ERRORS: dict[int | str, dict[str, Any]] = {400: {"description": "bad request (OpenAI-style error)"},
                                             401: {"description": "missing or wrong API key"},
                                             404: {"description": "unknown model"}}
@@ -248,7 +251,8 @@ async def _stream(runtime: ServerRuntime, chunks: AsyncIterator[str], endings: C
         ending()
 
 
-@router.post("/v1/completions", responses=_ERRORS, dependencies=[Depends(validate_json_request)])
+@router.post("/v1/completions", responses=_ERRORS,
+             dependencies=[*_KEY_OR_TRAINER, Depends(validate_json_request)])
 @cancellable
 async def create_completion(request: RolloutCompletionRequest, raw_request: Request) -> Response:
     """OpenAI completions (text or token-id prompts, batches, n, seed, logprobs, echo, stream) with RL fields."""
@@ -264,7 +268,7 @@ async def create_completion(request: RolloutCompletionRequest, raw_request: Requ
                            lambda: handler.create_completion(request, raw_request), raw_request.scope)
 
 
-@router.post("/v1/chat/completions", responses=_ERRORS, dependencies=[Depends(validate_json_request)])
+@router.post("/v1/chat/completions", responses=_ERRORS, dependencies=[*_KEY, Depends(validate_json_request)])
 @cancellable
 async def create_chat_completion(request: RolloutChatCompletionRequest, raw_request: Request) -> Response:
     """OpenAI chat completions (the tokenizer's chat template) with RL fields."""
@@ -281,7 +285,7 @@ async def create_chat_completion(request: RolloutChatCompletionRequest, raw_requ
                            lambda: handler.create_chat_completion(request, raw_request), raw_request.scope)
 
 
-@router.get("/v1/rollouts/{rollout_id}", responses={404: {"description": "unknown rollout"}})
+@router.get("/v1/rollouts/{rollout_id}", responses={404: {"description": "unknown rollout"}}, dependencies=_KEY)
 async def rollout_summary(rollout_id: str, raw_request: Request) -> JSONResponse:
     """One rollout's summary: makespan, tail and tail share, lengths, acceptance, finish reasons."""
     summary = runtime_of(raw_request).rollouts.summary(rollout_id)
@@ -290,13 +294,13 @@ async def rollout_summary(rollout_id: str, raw_request: Request) -> JSONResponse
     return JSONResponse(summary)
 
 
-@router.get("/v1/rollouts")
+@router.get("/v1/rollouts", dependencies=_KEY)
 async def recent_rollouts(raw_request: Request) -> JSONResponse:
     """The rollout ids whose summaries are kept (most recent last)."""
     return JSONResponse({"rollouts": runtime_of(raw_request).rollouts.recent()})
 
 
-@router.get("/v1/models")
+@router.get("/v1/models", dependencies=_KEY)
 async def list_models(raw_request: Request) -> JSONResponse:
     """The served model (OpenAI's model list), with its context length."""
     models = await runtime_of(raw_request).state.openai_serving_models.show_available_models()

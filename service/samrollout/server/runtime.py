@@ -12,8 +12,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,9 +47,16 @@ from samrollout.server.settings import ServerSettings, parse_peer_urls
 from samrollout.server.vllm_argv import vllm_argv
 from samrollout.server.weight_epoch import EpochSaltedEngine, WeightEpoch
 from samrollout.server.weight_labels import WeightLabels, labelling_client
-from samrollout.server.weight_relay import WeightPeers, new_server_id
+from samrollout.server.weight_peers import WeightPeers, new_server_id
 from samrollout.server.weight_uploads import WeightUploads, default_max_bytes, default_staging_root
-from samrollout.server.weights_check import Layout, WeightsError, check_weights_dir, checkpoint_layout
+from samrollout.server.weights_check import (
+    FileOutsideRoot,
+    Layout,
+    WeightsError,
+    check_weights_dir,
+    checkpoint_layout,
+)
+from samrollout.server.weights_root import WeightsRoot
 from samrollout.spec_decode.stats import ProposerStats
 from samrollout_client.types import CONTINUING, InFlight, PauseMode
 
@@ -137,6 +146,7 @@ class ServerRuntime:
     epoch: WeightEpoch = field(default_factory=WeightEpoch)  # prefix-cache salt by weight load (weight_epoch)
     last_update: dict[str, Any] | None = None  # the last weight update's `update_cost`, with its Unix time ("at")
     generation_gate: GenerationGate | None = None  # AReaL's pause holds new requests here (--areal-routes)
+    weights_root: WeightsRoot = field(default_factory=lambda: WeightsRoot(None))  # where loads by path may read
 
     def __post_init__(self) -> None:
         """Label sequences the engine gives no version with this runtime's version (`weight_labels`)."""
@@ -207,12 +217,16 @@ class ServerRuntime:
             status.update(self.generation.scheduler.status())
         return status
 
-    async def update_weights(self, path: str, version: str, in_flight: InFlight) -> dict[str, Any]:
-        """Load new policy weights from the directory ``path`` (``POST /admin/update_weights``); see `load_weights`."""
-        return await self.load_weights(path, version, in_flight, param="path", source=path)
+    async def update_weights(self, path: str, version: str, in_flight: InFlight, param: str = "path") -> dict[str, Any]:
+        """Load new policy weights from the directory a client named (``POST /admin/update_weights``, AReaL's
+        ``/areal_update_weights``): confined to ``--weights-root`` (`weights_root`: 403 outside it, the request field
+        ``param`` named), then `load_weights`."""
+        folder = self.weights_root.confine(path, param)
+        return await self.load_weights(folder, version, in_flight, param=param, source=path,
+                                       allowed=self.weights_root.holds if self.weights_root.root else None)
 
     async def load_weights(self, path: str, version: str, in_flight: InFlight, *, param: str | None,
-                           source: str) -> dict[str, Any]:
+                           source: str, allowed: Callable[[Path], bool] | None = None) -> dict[str, Any]:
         """Load new policy weights from the directory ``path`` between steps and serve them as ``version``.
 
         The one load path of both a directory the server reads (``update_weights``) and a
@@ -228,9 +242,10 @@ class ServerRuntime:
         NaN that bad weights left in a cache block would otherwise poison every later request
         placed there, whatever weights follow; "continue-keep-kv" keeps both, and the new weight
         epoch keeps later requests off the old blocks (`weight_epoch`).  ``source`` says where the
-        weights came from, for the log.  The result (also `last_update`) says what the update cost.
+        weights came from, for the log; ``allowed``: where each weight file must resolve (a 403 otherwise).
+        The result (also `last_update`) says what the update cost.
         """
-        folder = await self._checked_weights(path, param)
+        folder = await self._checked_weights(path, param, allowed)
         async with self.update_lock:
             old = self.weight_version
             held = time.monotonic()
@@ -292,14 +307,17 @@ class ServerRuntime:
         set_weight_version(version, old)
         await set_engine_weight_version(self.engine, version)
 
-    async def _checked_weights(self, path: str, param: str | None) -> Path:
+    async def _checked_weights(self, path: str, param: str | None, allowed: Callable[[Path], bool] | None) -> Path:
         """The directory ``path`` once its files passed `check_weights_dir` (file IO off the event loop, in its own
-        thread, bounded by --weight-check-timeout); a 400 naming ``param`` otherwise, the served weights kept."""
+        thread, bounded by --weight-check-timeout); a 400 naming ``param`` otherwise (403 for a file outside
+        ``allowed``), the served weights kept."""
         limit = self.settings.weight_check_timeout
         try:
             return await call_with_deadline(check_weights_dir, path, self.expected_weights,
-                                            self.settings.weight_value_check, timeout=limit,
+                                            self.settings.weight_value_check, allowed, timeout=limit,
                                             name="samrollout-weights-check")
+        except FileOutsideRoot as error:
+            raise ApiError(403, f"weights not loaded: {error}", param) from None
         except WeightsError as error:
             raise ApiError(400, f"weights not loaded: {error}", param) from None
         except TimeoutError:
@@ -363,7 +381,11 @@ async def start_runtime(settings: ServerSettings, state: State) -> ServerRuntime
     from samrollout.server.vllm_serving import init_app_state, set_engine_weight_version
 
     model_path = resolve_model(settings)
-    layout = checkpoint_layout(model_path)
+    try:
+        weights_root = WeightsRoot(settings.weights_root)
+    except ValueError as error:
+        raise RuntimeError(str(error)) from None
+    layout = checkpoint_layout(model_path) if os.path.isdir(model_path) else None
     uploads = open_weight_uploads(settings, layout)  # before the engine: a bad staging dir fails fast
     try:
         engine, args = build_engine(settings, model_path)
@@ -371,6 +393,10 @@ async def start_runtime(settings: ServerSettings, state: State) -> ServerRuntime
         uploads.close()
         raise
     vllm_config = engine.vllm_config
+    if layout is None:  # a hub id: the engine has downloaded it now
+        layout = checkpoint_layout(model_path, vllm_config.model_config.revision, vllm_config.load_config.download_dir)
+        if layout is not None and settings.max_weight_upload_bytes is None:
+            uploads.max_bytes = default_max_bytes(layout)
     epoch = WeightEpoch()
     generation = generation_client(settings, EpochSaltedEngine(engine, epoch))
     labels = WeightLabels(engine, lambda: settings.weight_version)  # then the runtime's (its __post_init__)
@@ -393,6 +419,7 @@ async def start_runtime(settings: ServerSettings, state: State) -> ServerRuntime
                          rollouts=RolloutTracker(settings.threshold, settings.rollout_idle_seconds),
                          weight_uploads=uploads, labels=labels, epoch=epoch,
                          generation_gate=GenerationGate() if settings.areal_routes else None,
+                         weights_root=weights_root,
                          weight_peers=WeightPeers(parse_peer_urls(settings.weight_peers), new_server_id(),
                                                   settings.api_key.get_secret_value() if settings.api_key else None,
                                                   settings.weight_upload_idle_seconds),

@@ -170,8 +170,20 @@ class ServerSettings(BaseSettings):
         "contacted; none: pushes go directly to each server")
     areal_routes: bool = Field(
         False, description="also serve AReaL's inference-server routes (/areal_pause_generation, "
-        "/areal_update_weights, ...), so that AReaL's vLLM engine drives this server; AReaL sends no API key, so "
-        "this refuses --api-key; the weights start as version 0 unless --weight-version says otherwise")
+        "/areal_update_weights, ...), so that AReaL's vLLM engine drives this server; needs --weights-root (or "
+        "--allow-any-weights-path); with --api-key, AReaL (which sends no key) connects to --areal-port; the weights "
+        "start as version 0 unless --weight-version says otherwise")
+    areal_port: int | None = Field(
+        None, ge=1, le=65535, description="with --areal-routes: a second port, on --host, for the trainer only: "
+        "there AReaL's routes and /v1/completions answer without the API key (AReaL sends none), everything else "
+        "as on --port; admit only the trainer to it (Helm: a NetworkPolicy)")
+    weights_root: str | None = Field(
+        None, min_length=1, json_schema_extra=_metavar("DIR"),
+        description="weights loaded by path (/admin/update_weights, /areal_update_weights) must lie inside this "
+        "directory, symbolic links and '..' resolved (else 403); unset: any directory the server can read")
+    allow_any_weights_path: bool = Field(
+        False, description="serve --areal-routes without --weights-root: AReaL's update route may then load "
+        "weights from any directory the server can read (only where nobody else reaches the trainer's port)")
     weight_value_check: bool = Field(
         True, description="refuse weight updates holding NaN or infinite values (reads every tensor once; off: "
         "for trainers that check their weights themselves)")
@@ -265,15 +277,25 @@ class ServerSettings(BaseSettings):
         return self
 
     @model_validator(mode="after")
-    def _areal_routes_without_key(self) -> Self:
-        """AReaL's engine sends no API key: refuse a key it could not send; start at AReaL's version 0."""
+    def _areal_routes_for_the_trainer_only(self) -> Self:
+        """AReaL's routes load weights for whoever calls them: confined to a weights root (or told not to be), and,
+        with a key, answered without it only on the trainer's own port; they start at AReaL's version 0."""
+        if self.areal_port is not None and not self.areal_routes:
+            raise ValueError("--areal-port serves AReaL's routes: it needs --areal-routes")
         if not self.areal_routes:
             return self
-        if self.api_key is not None:
+        if self.weights_root is None and not self.allow_any_weights_path:
             raise ValueError(
-                "--areal-routes cannot be combined with --api-key: AReaL's engine sends no Authorization header, so "
-                "every request it made would be refused (401). Serve AReaL on a network only the job reaches "
-                "(docs/security.md)")
+                "--areal-routes lets AReaL's trainer load weights by path without a key: set --weights-root DIR "
+                "(SAMROLLOUT_WEIGHTS_ROOT; the directory its checkpoints are saved under), or pass "
+                "--allow-any-weights-path where nobody but the trainer reaches the server (docs/security.md)")
+        if self.api_key is not None and self.areal_port is None:
+            raise ValueError(
+                "--areal-routes with --api-key needs --areal-port: AReaL's engine sends no Authorization header, so "
+                "it connects to a port of its own where AReaL's routes and /v1/completions need no key (admit only "
+                "the trainer to it); /admin, the weight uploads and /docs keep the key (docs/security.md)")
+        if self.areal_port is not None and self.areal_port == self.port:
+            raise ValueError(f"--areal-port {self.areal_port} is --port: give the trainer a port of its own")
         if "weight_version" not in self.model_fields_set:
             self.weight_version = "0"  # AReaL's first version; its updates are 1, 2, ... (areal_routes)
         return self

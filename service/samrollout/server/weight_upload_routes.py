@@ -23,7 +23,7 @@ from samrollout.server.admin_routes import ADMIN_ERRORS, IN_FLIGHT_HELP, AdminBo
 from samrollout.server.auth import require_api_key
 from samrollout.server.errors import ApiError
 from samrollout.server.runtime import ServerRuntime
-from samrollout.server.weight_relay import parse_relay_header
+from samrollout.server.weight_relay import parse_relay_header, start_relay
 from samrollout_client.types import InFlight
 from samrollout_client.weights import RELAY_HEADER, SHA256_HEADER
 
@@ -60,14 +60,19 @@ async def identity(request: Request) -> dict[str, Any]:
 
 @router.get("/peers", responses=ADMIN_ERRORS)
 async def peers(request: Request) -> dict[str, Any]:
-    """The peers this server may relay weight files to (``--weight-peers``), each asked for its id now.
+    """The peers this server may relay weight files to (``--weight-peers``), each asked now for its id and version.
 
     A peer that does not answer within a few seconds is listed with ``reachable: false`` and the
-    error; a client pushing weights sends directly to the servers no peer can reach.
+    error; one that refuses this server's API key also has a ``configuration_error`` (the servers
+    were given different keys).  A client pushing weights sends directly to the servers no peer
+    can reach.  ``weight_version``: what this server serves; ``versions_agree``: whether every
+    peer that answered serves it too (false after a push that split the servers).
     """
-    weight_peers = _runtime(request).weight_peers
-    found = await weight_peers.probe()
-    return {"server_id": weight_peers.server_id, "peers": [peer.shown() for peer in found]}
+    runtime = _runtime(request)
+    found = await runtime.weight_peers.probe()
+    return {"server_id": runtime.weight_peers.server_id, "weight_version": runtime.weight_version,
+            "versions_agree": all(peer.weight_version == runtime.weight_version for peer in found if peer.server_id),
+            "peers": [peer.shown() for peer in found]}
 
 
 @router.post("/weight_uploads", responses=_UPLOAD_ERRORS, status_code=201)
@@ -112,8 +117,8 @@ async def put_weight_file(upload_id: str, file_name: str, request: Request,
     passing_on = None
     if relay is not None:
         runtime.weight_uploads.get(upload_id)  # 404 before anything reaches a peer
-        passing_on = await runtime.weight_peers.relay(parse_relay_header(relay, runtime.weight_peers.server_id),
-                                                      file_name, sha256, declared)
+        passing_on = await start_relay(runtime.weight_peers, parse_relay_header(relay, runtime.weight_peers.server_id),
+                                       file_name, sha256, declared)
         chunks = passing_on.tee(chunks)
     try:
         result = await runtime.weight_uploads.receive(upload_id, file_name, chunks, sha256, declared)

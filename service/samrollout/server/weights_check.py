@@ -19,6 +19,7 @@ import math
 import os
 import stat
 import struct
+from collections.abc import Callable
 from pathlib import Path
 
 from samrollout.server.weight_values import FileTensors, first_non_finite
@@ -39,6 +40,10 @@ _SHOWN_PATH_CHARS = 160
 
 class WeightsError(ValueError):
     """A weights directory that must not reach the engine; the message says which file and tensor, and why."""
+
+
+class FileOutsideRoot(WeightsError):
+    """A weight file of the directory resolves outside the directories loads may read (``--weights-root``)."""
 
 
 def _shown(path: str) -> str:
@@ -64,11 +69,12 @@ def _special_kind(mode: int) -> str | None:
     return next((kind for test, kind in kinds if test(mode)), None)
 
 
-def _weight_files(path: str) -> list[Path]:
+def _weight_files(path: str, allowed: Callable[[Path], bool] | None = None) -> list[Path]:
     """The ``*.safetensors`` files of the directory ``path`` (sorted); WeightsError when there is no such directory.
 
     Every entry is looked at with ``stat`` only (never opened): a FIFO, device or socket in
-    the directory is refused, since reading one can block forever or never end.
+    the directory is refused, since reading one can block forever or never end.  ``allowed``:
+    where a weight file may resolve (`FileOutsideRoot` for one that does not, before it is stat'ed).
     """
     if "\x00" in path:
         raise WeightsError("the path contains a NUL character")
@@ -78,6 +84,8 @@ def _weight_files(path: str) -> list[Path]:
         if not stat.S_ISDIR(folder.stat().st_mode):
             raise WeightsError(f"{_shown(path)} is not a directory: give the directory holding the *.safetensors files")
         for entry in sorted(folder.iterdir()):
+            if allowed is not None and entry.name.endswith(".safetensors") and not allowed(entry):
+                raise FileOutsideRoot(f"{entry.name} is a link to a file outside --weights-root")
             try:
                 mode = entry.stat().st_mode  # follows symbolic links: what a reader would open
             except FileNotFoundError:
@@ -183,12 +191,13 @@ def _library_opens(path: Path) -> None:
         raise WeightsError(f"{path.name}: the safetensors library cannot open it: {error}") from None
 
 
-def read_directory(path: str) -> tuple[dict[str, tuple[str, TensorSpec]], list[FileTensors]]:
+def read_directory(path: str, allowed: Callable[[Path], bool] | None = None,
+                   ) -> tuple[dict[str, tuple[str, TensorSpec]], list[FileTensors]]:
     """Every tensor of the directory's ``*.safetensors`` files (name -> (file name, spec)), and where each file keeps
-    them (for the value check); each file checked whole."""
+    them (for the value check); each file checked whole (``allowed``: as for `_weight_files`)."""
     found: dict[str, tuple[str, TensorSpec]] = {}
     files: list[FileTensors] = []
-    for file in _weight_files(path):
+    for file in _weight_files(path, allowed):
         layout, tensors = read_file(file)
         _library_opens(file)
         files.append(tensors)
@@ -199,7 +208,8 @@ def read_directory(path: str) -> tuple[dict[str, tuple[str, TensorSpec]], list[F
     return found, files
 
 
-def check_weights_dir(path: str, expected: Layout | None, values: bool = False) -> Path:
+def check_weights_dir(path: str, expected: Layout | None, values: bool = False,
+                      allowed: Callable[[Path], bool] | None = None) -> Path:
     """The directory ``path`` once its weights are fit to load in place of the served ones; WeightsError otherwise.
 
     ``expected``: the served checkpoint's layout (`checkpoint_layout`); every tensor must be
@@ -207,8 +217,9 @@ def check_weights_dir(path: str, expected: Layout | None, values: bool = False) 
     the layout is not (the served model is not a local safetensors checkpoint).
     ``values``: also read every floating-point tensor once and refuse NaN or infinite values
     (`weight_values.first_non_finite`), after the headers and layout passed.
+    ``allowed``: where each weight file must resolve (`FileOutsideRoot` otherwise; None: anywhere).
     """
-    found, files = read_directory(path)
+    found, files = read_directory(path, allowed)
     if expected is not None:
         _check_layout(found, expected)
     if values:
@@ -235,15 +246,34 @@ def _check_layout(found: dict[str, tuple[str, TensorSpec]], expected: Layout) ->
         raise WeightsError(f"tensor {missing[0]!r}{more} of the served model is in none of the *.safetensors files")
 
 
-def checkpoint_layout(model_path: str) -> Layout | None:
+def hub_snapshot(model: str, revision: str | None = None, cache_dir: str | None = None) -> str | None:
+    """The local directory of hub model ``model`` (its snapshot at ``revision`` in the Hugging Face cache, or in
+    ``cache_dir``: vLLM's ``--download-dir``), once downloaded; None when it is not there (or not a hub id)."""
+    try:
+        from huggingface_hub import snapshot_download
+
+        found: str = snapshot_download(model, revision=revision, cache_dir=cache_dir, local_files_only=True,
+                                       allow_patterns=["*.safetensors"])
+    except Exception:  # not a hub id, not downloaded, no huggingface_hub: nothing to read the layout from
+        return None
+    return found
+
+
+def checkpoint_layout(model_path: str, revision: str | None = None, download_dir: str | None = None) -> Layout | None:
     """The served checkpoint's tensors (name -> shape, dtype), what weight updates must match.
 
-    None when the model is not a local directory of intact safetensors files (a hub id, or
-    another format): updates are then checked for intact files only.
+    ``model_path``: a local directory, or a hub id whose snapshot is read from the cache vLLM
+    downloaded it to (`hub_snapshot`; ``revision`` and ``download_dir`` as vLLM's).  None when
+    neither holds intact safetensors files (another format, or not downloaded yet): updates are
+    then checked for intact files only, and the server says so in its log.
     """
     if not os.path.isdir(model_path):
-        logger.info("weight updates: %s is not a local directory; their layout will not be checked", model_path)
-        return None
+        snapshot = hub_snapshot(model_path, revision, download_dir)
+        if snapshot is None:
+            logger.warning("weight updates: %s is neither a local directory nor a downloaded hub model; their "
+                           "layout (tensor names, shapes, dtypes) will not be checked", model_path)
+            return None
+        model_path = snapshot
     try:
         return {name: spec for name, (_, spec) in read_directory(model_path)[0].items()}
     except WeightsError as error:

@@ -50,11 +50,14 @@ class SamWorkerExtension:
         return True
 
     def samrollout_reload_weights(self, weights_path: str, clear_kv_cache: bool = True) -> None:
-        """Load new weights from ``weights_path`` into the model in place (same architecture), then zero the KV cache.
+        """Load new weights from ``weights_path`` into the model in place (same architecture), then zero the KV cache
+        unless told not to.
 
-        ``clear_kv_cache``: False while the engine sleeps (the cache's memory is released then).
-        The server loads weights only while generation is paused with nothing in flight, so
-        no request owns a cache block when it is zeroed.
+        The server loads weights only while generation is paused, between engine steps.
+        ``clear_kv_cache``: True when no request owns a cache block any more (the update
+        waited for them, aborted them, or, for ``continue``, preempted them, freeing their
+        blocks); False for ``continue-keep-kv``, whose frozen requests keep their blocks and go
+        on attending to them, and while the engine sleeps (the cache's memory is released then).
 
         vLLM's workers have ``reload_weights``; vllm-ascend 0.23's ``NPUWorker`` has not, but its
         runner inherits vLLM's ``GPUModelRunner.reload_weights``, which is called as vLLM's

@@ -175,3 +175,29 @@ A map of labels as k=v,k=v (for NOTES.txt).
 {{- end }}
 {{- join "," $pairs }}
 {{- end }}
+
+{{/*
+Fail the render for AReaL settings that cannot work (server.arealRoutes): AReaL sends no API key and the
+chart always sets one, so AReaL needs a port of its own, which the NetworkPolicy opens to the trainer's
+pods only (by their labels); and its weight loads need a root, unless told otherwise.
+*/}}
+{{- define "samrollout.checkArealRoutes" -}}
+{{- $server := .Values.server }}
+{{- $port := get $server "arealPort" }}
+{{- if get $server "arealRoutes" }}
+{{- if not $port }}
+{{- fail "server.arealRoutes needs server.arealPort: AReaL sends no API key and the chart always sets one, so AReaL connects to a port of its own, which the chart's NetworkPolicy opens to the trainer's pods only (arealTrainer.podSelector)" }}
+{{- end }}
+{{- if eq (int64 $port) (int64 $server.port) }}
+{{- fail (printf "server.arealPort (%d) is server.port: give AReaL's trainer a port of its own" (int64 $port)) }}
+{{- end }}
+{{- if not .Values.arealTrainer.podSelector }}
+{{- fail "server.arealRoutes needs arealTrainer.podSelector, the labels of the trainer's pods: the NetworkPolicy admits server.arealPort (no API key there) from those pods only" }}
+{{- end }}
+{{- if not (or (get $server "weightsRoot") (get $server "allowAnyWeightsPath")) }}
+{{- fail "server.arealRoutes needs server.weightsRoot, the directory (on a mounted volume) AReaL saves its checkpoints in: AReaL's update loads weights by path from inside it only; or set server.allowAnyWeightsPath" }}
+{{- end }}
+{{- else if $port }}
+{{- fail "server.arealPort serves AReaL's routes: set server.arealRoutes too" }}
+{{- end }}
+{{- end }}

@@ -2,6 +2,7 @@
 The pod template shared by the Deployment and the StatefulSet.
 */}}
 {{- define "samrollout.podTemplate" -}}
+{{- include "samrollout.checkArealRoutes" . }}
 {{- $backend := index .Values.backends .Values.backend }}
 {{- $apiKeySecret := include "samrollout.apiKeySecretName" . }}
 {{- $mountPath := .Values.modelVolume.mountPath }}
@@ -20,7 +21,7 @@ metadata:
     {{- end }}
   annotations:
     kubectl.kubernetes.io/default-container: samrollout
-    {{- if and (not .Values.apiKey.existingSecret) .Values.apiKey.value (not (get .Values.server "arealRoutes")) }}
+    {{- if and (not .Values.apiKey.existingSecret) .Values.apiKey.value }}
     checksum/api-key: {{ .Values.apiKey.value | sha256sum }}
     {{- end }}
     {{- with .Values.podAnnotations }}
@@ -80,6 +81,11 @@ spec:
     - name: http
       containerPort: {{ int64 .Values.server.port }}
       protocol: TCP
+    {{- with get .Values.server "arealPort" }}
+    - name: areal
+      containerPort: {{ int64 . }}
+      protocol: TCP
+    {{- end }}
     env:
     {{- range $name, $value := .Values.server }}
     {{- if not (or (kindIs "invalid" $value) (and (or (kindIs "slice" $value) (kindIs "map" $value)) (empty $value))) }}
@@ -91,19 +97,11 @@ spec:
     - name: SAMROLLOUT_WEIGHT_PEERS
       value: {{ printf "http://%s-headless.%s.svc:%d" (include "samrollout.fullname" .) .Release.Namespace (int64 .Values.server.port) | quote }}
     {{- end }}
-    {{- if (get .Values.server "arealRoutes") }}
-    {{- /* AReaL sends no API key (server.arealRoutes): no key, and served to the pod network on purpose */}}
-    {{- if not (hasKey .Values.server "allowUnauthenticatedAdmin") }}
-    - name: SAMROLLOUT_ALLOW_UNAUTHENTICATED_ADMIN
-      value: "true"
-    {{- end }}
-    {{- else }}
     - name: SAMROLLOUT_API_KEY
       valueFrom:
         secretKeyRef:
           name: {{ $apiKeySecret }}
           key: {{ .Values.apiKey.secretKey }}
-    {{- end }}
     - name: SAMROLLOUT_CACHE
       value: {{ printf "%s/%s" $mountPath .Values.modelVolume.cacheSubdir | quote }}
     {{- with .Values.modelVolume.hfHomeSubdir }}

@@ -1,0 +1,161 @@
+"""Staged weights loaded on every server, and what to do when only some of them loaded (`WeightsSplit`).
+
+A push stages the files everywhere first (`weight_push`), so nothing is loaded until every
+server holds them all.  The commits are then one request per server, each loading its own
+upload: if a server dies or refuses between the last upload and its commit, the others serve the
+new version and it does not.  `commit_weights` never lets that pass silently:
+
+- every commit succeeded: it waits until each server serves the version;
+- none succeeded: no server loaded anything; the still-staged uploads are cancelled and the
+  first failure is raised (a `RequestRejected` stays one), naming what each server serves;
+- some succeeded: `WeightsSplit`, naming which server serves which version, why each commit
+  failed, and which uploads are still staged.  The caller brings the servers together again:
+  `commit_weights` on ``split.staged`` retries the commits whose upload is still staged (a
+  server refused with 409 while a file was still arriving, say), or `roll_back` loads the
+  previous weights on the servers that took the new ones (a server that died holds no upload).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import httpx
+
+from samrollout_client.endpoints import Endpoint
+from samrollout_client.errors import SamrolloutError
+from samrollout_client.transport import Transport
+from samrollout_client.types import InFlight, WeightPush
+from samrollout_client.versions import VersionTracker
+from samrollout_client.weight_push import (
+    StagedWeights,
+    UploadTarget,
+    cancel_uploads,
+    naming_versions,
+    served_versions,
+    stage_weights,
+    versions_text,
+)
+from samrollout_client.weights import WeightFiles
+
+
+@dataclass(frozen=True)
+class EndpointWeights:
+    """One server after a commit: the version it serves now (None: it does not answer), whether its upload of the
+    push is still staged (its commit can be tried again), and why its commit failed (None: it committed)."""
+
+    url: str
+    version: str | None
+    staged: bool = False
+    error: str | None = None
+
+    def shown(self) -> str:
+        """This server in an error message."""
+        serves = f"serves {self.version!r}" if self.version is not None else "does not answer"
+        if self.error is None:
+            return f"{self.url} {serves}"
+        staged = "its upload is still staged" if self.staged else "it holds no upload"
+        return f"{self.url} {serves} (its commit failed: {self.error}; {staged})"
+
+
+class WeightsSplit(SamrolloutError):
+    """Weights a push committed on some servers only: each server's version (`endpoints`), the still-staged uploads
+    (`staged`, to commit again with `AsyncRolloutClient.commit_weights`) and the pushed ``version``; or undo it with
+    `AsyncRolloutClient.roll_back`."""
+
+    def __init__(self, version: str, endpoints: list[EndpointWeights], staged: StagedWeights) -> None:
+        failed = sum(state.error is not None for state in endpoints)
+        super().__init__(f"the servers serve different weights: the commit of {version!r} failed on {failed} of "
+                         f"{len(endpoints)}: " + "; ".join(state.shown() for state in endpoints))
+        self.version, self.endpoints, self.staged = version, endpoints, staged
+
+    @property
+    def committed(self) -> list[str]:
+        """The servers that serve the pushed version."""
+        return [state.url for state in self.endpoints if state.version == self.version]
+
+
+async def push_weights(transport: Transport, versions: VersionTracker, source: WeightFiles, version: str,
+                       in_flight: InFlight, timeout_s: float, fan_out: bool = True,
+                       endpoints: Sequence[Endpoint] | None = None) -> WeightPush:
+    """Stage ``source`` on every endpoint (or each of ``endpoints``), then commit it as ``version``."""
+    staged = await stage_weights(transport, source, fan_out, endpoints)
+    return await commit_weights(transport, versions, staged, version, in_flight, timeout_s)
+
+
+async def commit_weights(transport: Transport, versions: VersionTracker, staged: StagedWeights, version: str,
+                         in_flight: InFlight, timeout_s: float) -> WeightPush:
+    """Load ``staged`` as ``version`` on every endpoint holding it and wait until each serves it (the module
+    docstring says what a failure raises)."""
+    started = time.monotonic()
+    body = {"version": version, "in_flight": in_flight}
+    commits = await asyncio.gather(*(transport.post(t.endpoint, f"/admin/weight_uploads/{t.upload_id}/commit", body)
+                                     for t in staged.targets), return_exceptions=True)
+    endpoints = [target.endpoint for target in staged.targets]
+    failures = [(t, r) for t, r in zip(staged.targets, commits, strict=True) if isinstance(r, BaseException)]
+    if failures:
+        await _settle_failed(transport, staged, version, failures)
+    await versions.wait_for(version, timeout_s, endpoints)
+    versions.served(version)
+    done = time.monotonic()
+    return WeightPush(version=version, endpoints=len(endpoints), files=staged.files, bytes=staged.bytes,
+                      bytes_sent=staged.bytes_sent, relay_chains=staged.relay_chains, upload_s=staged.upload_s,
+                      load_s=done - started, seconds=staged.upload_s + done - started)
+
+
+async def _settle_failed(transport: Transport, staged: StagedWeights, version: str,
+                         failures: list[tuple[UploadTarget, BaseException]]) -> None:
+    """Some commits failed: raise `WeightsSplit` when others loaded ``version``; else cancel what is still staged and
+    raise the first failure, naming each server's version."""
+    endpoints = [target.endpoint for target in staged.targets]
+    now = await served_versions(transport, endpoints)
+    failed = {target.upload_id: error for target, error in failures}
+    still = await asyncio.gather(*(_still_staged(transport, t) if t.upload_id in failed else _false()
+                                   for t in staged.targets))
+    states = [EndpointWeights(t.endpoint.url, served, held,
+                              None if t.upload_id not in failed or served == version else str(failed[t.upload_id]))
+              for t, served, held in zip(staged.targets, now, still, strict=True)]
+    if any(state.version == version for state in states):
+        kept = [t for t, held in zip(staged.targets, still, strict=True) if held]
+        raise WeightsSplit(version, states, replace(staged, targets=kept))
+    await cancel_uploads(transport, [t for t, held in zip(staged.targets, still, strict=True) if held])
+    first = failures[0][1]
+    if not isinstance(first, SamrolloutError):
+        raise first
+    raise await naming_versions(transport, endpoints, first, "no server loaded the weights") from first
+
+
+async def _still_staged(transport: Transport, target: UploadTarget) -> bool:
+    """Whether ``target``'s upload is still open on its server (its commit can be tried again)."""
+    try:
+        reply = await transport.http.get(f"{target.endpoint.url}/admin/weight_uploads/{target.upload_id}",
+                                         timeout=10.0)
+    except httpx.HTTPError:
+        return False
+    return reply.status_code == 200
+
+
+async def _false() -> bool:
+    return False
+
+
+async def roll_back(transport: Transport, versions: VersionTracker, split: WeightsSplit, source: WeightFiles,
+                    version: str | None, in_flight: InFlight, timeout_s: float, fan_out: bool = True) -> WeightPush:
+    """Load ``source`` (the weights served before the split) as ``version`` on the servers that took the split's
+    version, after cancelling the uploads still staged elsewhere.  ``version`` None: the one version the other
+    servers that answer still serve (ValueError when they serve several, or none answers)."""
+    if version is None:
+        others = {state.version for state in split.endpoints
+                  if state.version is not None and state.version != split.version}
+        if len(others) != 1:
+            raise ValueError(f"roll_back needs the version to load the previous weights as: the other servers serve "
+                             f"{sorted(others) or 'nothing that answers'}")
+        version = others.pop()
+    await cancel_uploads(transport, split.staged.targets)
+    targets = [transport.pool.by_url(url) for url in split.committed]
+    if not targets:
+        now = versions_text([state.url for state in split.endpoints], [state.version for state in split.endpoints])
+        raise SamrolloutError(f"no server serves {split.version!r} any more: nothing to roll back ({now})")
+    return await push_weights(transport, versions, source, version, in_flight, timeout_s, fan_out, targets)
