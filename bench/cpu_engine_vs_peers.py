@@ -40,13 +40,15 @@ MAX_TOKENS = (48, 64, 80, 112, 160, 240, 384, 640)  # per prompt: most short, a 
 SERVED_NAME = "bench"
 
 
-def greedy(rounds: int, work: Path) -> dict[str, Any]:
-    """`bench/spec_engine.py`'s greedy rollout, every mode in its own process, ``rounds`` interleaved rounds."""
-    out = work / "greedy.json"
-    command = [sys.executable, str(HERE / "spec_engine.py"), "--modes", ",".join(GREEDY_MODES.values()),
-               "--batch-sizes", "", "--repeats", str(rounds), "--json", str(out)]
-    print("$", " ".join(command), flush=True)
-    subprocess.run(command, check=True)
+def greedy(rounds: int, work: Path, measured: Path | None = None) -> dict[str, Any]:
+    """`bench/spec_engine.py`'s greedy rollout, every mode in its own process, ``rounds`` interleaved rounds (or
+    the figures of an earlier run of it, ``measured``: its JSON)."""
+    out = measured or work / "greedy.json"
+    if measured is None:
+        command = [sys.executable, str(HERE / "spec_engine.py"), "--modes", ",".join(GREEDY_MODES.values()),
+                   "--batch-sizes", "", "--repeats", str(rounds), "--json", str(out)]
+        print("$", " ".join(command), flush=True)
+        subprocess.run(command, check=True)
     results = {r["mode"]: r for r in json.loads(out.read_text())["results"]}
     figures: dict[str, Any] = {}
     for name, mode in GREEDY_MODES.items():
@@ -153,6 +155,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--n", type=int, default=8, help="samples per prompt in the sampled rollout")
     parser.add_argument("--only", choices=("greedy", "sampled"))
+    parser.add_argument("--greedy-from", type=Path, help="the JSON of an earlier greedy run (bench/spec_engine.py "
+                        "with these modes) to report instead of running it again")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--plot", type=Path)
     args = parser.parse_args()
@@ -164,7 +168,9 @@ def main() -> None:
     result: dict[str, Any] = {"commit": _commit(), "command": " ".join(["python bench/cpu_engine_vs_peers.py",
                                                                        *sys.argv[1:]])}
     if args.only != "sampled":
-        result["greedy"] = greedy(args.rounds, work)
+        result["greedy"] = greedy(args.rounds, work, args.greedy_from)
+        if args.greedy_from:
+            result["greedy_from"] = json.loads(args.greedy_from.read_text())["args"]
     if args.only != "greedy":
         result["sampled"] = sampled(args.rounds, args.n, work)
     for kind in ("greedy", "sampled"):

@@ -45,7 +45,7 @@ from typing import Any
 from plotting import save, subplots
 
 HERE = Path(__file__).resolve().parent
-DEFAULT_MODES = "off,sam-static,sam-static-only,sam-always,sam-adaptive,ngram,suffix"
+DEFAULT_MODES = "off,suffix,sam-static,sam-default"
 
 
 def _spec_engine() -> Any:
@@ -72,6 +72,10 @@ def mode_plan(mode: str, k: int, threshold: int) -> tuple[str, Any]:
         return "off", None
     if setting["method"] in ("ngram", "suffix"):
         return setting["method"], None
+    if setting.get("server_defaults"):  # as the server configures a CPU engine
+        from samrollout.server.settings import ServerSettings
+
+        return "sam", ServerSettings(k=k, threshold=threshold).speculation_config("cpu")
     policy = DraftPolicy(min_match_length=setting.get("min_match_length", "auto"),
                          max_global_tokens=setting.get("max_global_tokens", DraftPolicy.max_global_tokens))
     return "sam", SpeculationConfig(k=k, threshold_mode=setting["threshold_mode"], threshold=threshold,

@@ -13,7 +13,7 @@ none); with greedy decoding such siblings are identical, the best case for draft
 them (and for vLLM's suffix method, whose global cache holds earlier responses).  With
 --repeats N the modes run N rounds, interleaved (off, sam, ..., off, sam, ...), so slow
 drift of the machine hits every mode alike; the table shows the median and the range.
-The adaptive mode also reports what its gate measured per batch-size bucket.
+The adaptive policy also reports the step cost it fitted per batch-size octave.
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ MODES: dict[str, dict[str, Any] | None] = {
     "sam-range-32": {"method": "sam", "threshold_mode": "static", "draft_range": ((32, 3),)},
     # The static threshold alone (the default until 2026-11-26): nothing drafts past it.
     "sam-static-only": {"method": "sam", "threshold_mode": "static", "confident_match": 0},
+    # The adaptive policy with the bench's settings (the server's defaults are sam-default).
     "sam-adaptive": {"method": "sam", "threshold_mode": "adaptive"},
     "sam-always": {"method": "sam", "threshold_mode": "off"},
     # DraftPolicy.min_match_length: the sam-* modes above use the default, "auto" (2 on CPU, 1 on
@@ -200,7 +201,7 @@ def run_mode(mode: str, args: argparse.Namespace) -> dict[str, Any]:
     if setting is not None and setting["method"] == "sam":
         proposer = ProposerStats.from_json(llm.collective_rpc(proposer_stats)[0])
         out["drafter_us_per_step"] = 1e6 * proposer.propose_seconds / max(1, proposer.steps)
-        out["gate"] = proposer.to_json()["gate"]  # a rate never measured (NaN) as null
+        out["step_cost"] = proposer.to_json()["step_cost"]  # the adaptive policy's fit: [u, w, v, observations]
     return out
 
 
@@ -303,12 +304,10 @@ def print_table(results: list[dict[str, Any]], batch_sizes: list[int]) -> None:
         print(row)
     for r in results:
         for run_index, run in enumerate(r["runs"]):
-            if run.get("gate"):
-                print(f"{r['mode']} gate, run {run_index + 1} (tokens/s measured with / without drafts, steps):")
-                for bucket, g in run["gate"].items():
-                    on = "-" if g["on_tokens_per_s"] is None else f"{g['on_tokens_per_s']:.1f}"
-                    off = "-" if g["off_tokens_per_s"] is None else f"{g['off_tokens_per_s']:.1f}"
-                    print(f"  running {bucket:>5}: on {on:>7} ({g['on_steps']:>5})  off {off:>7} ({g['off_steps']:>5})")
+            if run.get("step_cost"):
+                print(f"{r['mode']} step-cost fit, run {run_index + 1} (level, switch, draft weight, steps):")
+                for octave, (u, w, v, n) in run["step_cost"].items():
+                    print(f"  running {octave:>5}: {u:.2f} {w:.2f} {v:.2f} ({n:.0f})")
 
 
 def write_plot(results: list[dict[str, Any]], path: str, tail: int) -> None:

@@ -6,13 +6,17 @@ import asyncio
 import re
 import time
 import uuid
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from conftest import API_KEY
 from samrollout.spec_decode.stats import ProposerStats
 from samrollout.testing import ServerProcess
+from support.weight_swap import swapping_weights
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})? (\S+)$")
@@ -211,3 +215,26 @@ def test_past_the_static_threshold_only_confident_drafts_are_made_and_the_tail_d
     # Every step that drafted past the threshold drafted a confident row (a match of 8+ tokens), at most k.
     assert sum(n for size, n in drafting.items() if size > drafter.threshold) <= drafter.confident_drafts
     assert drafter.longest_confident_draft <= drafter.confident_k == drafter.k
+
+
+
+@pytest.fixture
+def default_server(second_tiny_server: ServerProcess, tiny_dir: Path) -> Iterator[ServerProcess]:
+    """The session's server with speculation at its defaults (drafts up to 32 tokens), left as it was found."""
+    with swapping_weights(second_tiny_server, "metrics", tiny_dir, tiny_dir):
+        yield second_tiny_server
+
+
+def test_drafts_accepted_past_max_tokens_count_only_the_tokens_returned(default_server: ServerProcess) -> None:
+    """A draft the model accepts beyond ``max_tokens`` is cut with the response: the request still succeeds and the
+    rollout's token counts add up to what it returned (vLLM's per-request count includes the cut tokens)."""
+    prompt, rollout = "past the end " * 6, f"overshoot-{uuid.uuid4().hex[:8]}"
+    generate(default_server, prompt=prompt, max_tokens=96, rollout_id=rollout, group_id="g")  # a sibling to draft from
+    before = scrape(default_server)
+    reply = generate(default_server, prompt=prompt, max_tokens=3, rollout_id=rollout, group_id="g")
+    assert reply["usage"]["completion_tokens"] == 3
+    assert reply["metrics"]["speculative_decoding"]["num_accepted_draft_tokens"] > 3  # the draft ran past the end
+    after = scrape(default_server)
+    series = {source: f'samrollout_rollout_tokens_total{{source="{source}"}}' for source in ("draft", "model")}
+    counted = {source: after[name] - before.get(name, 0) for source, name in series.items()}
+    assert counted == {"draft": 2, "model": 1}  # the first token is never a draft

@@ -36,6 +36,7 @@ from samrollout.server.vllm_version import SUPPORTED_SERIES, UnsupportedVllmErro
 from samrollout.spec_decode.worker_extension import SamWorkerExtension
 from support.ascend_source import ascend_source
 from support.vllm_contract import (
+    DEFAULT_LARGEST_DRAFT,
     LAYOUTS,
     all_names,
     assert_admin_routes,
@@ -277,7 +278,8 @@ def test_vllm_0_23_parses_and_validates_the_settings_flags(probe: dict[str, Any]
     flags = assert_flags(probe, tiny_dir)
     default = flags["default"]
     assert default["namespace"]["speculative_config"] == {
-        "method": "custom_class", "num_speculative_tokens": 3, "model": "samrollout.spec_decode.proposer.SamProposer"}
+        "method": "custom_class", "num_speculative_tokens": DEFAULT_LARGEST_DRAFT,
+        "model": "samrollout.spec_decode.proposer.SamProposer"}
     assert any("per-request metrics are off: vLLM 0.23.0" in line for line in default["log"])
     assert not any(flag.startswith("--enable-per-request") or flag.startswith("--per-request")
                    for flag in default["argv"])

@@ -35,6 +35,7 @@ from samrollout.spec_decode import no_draft_sampling, schedule
 from samrollout.spec_decode.proposer import SamProposer
 from samrollout.spec_decode.worker_extension import SamWorkerExtension
 from support.vllm_contract import (
+    DEFAULT_LARGEST_DRAFT,
     LAYOUTS,
     accepts,
     all_names,
@@ -348,7 +349,8 @@ def test_vllm_0_33_parses_and_validates_the_settings_flags(probe: dict[str, Any]
     default = flags["default"]
     # No batch-size schedule: vLLM 0.33 would drop it (and say so).
     assert default["namespace"]["speculative_config"] == {
-        "method": "custom_class", "num_speculative_tokens": 3, "model": "samrollout.spec_decode.proposer.SamProposer"}
+        "method": "custom_class", "num_speculative_tokens": DEFAULT_LARGEST_DRAFT,
+        "model": "samrollout.spec_decode.proposer.SamProposer"}
     assert default["log"] == []  # per-request metrics are on
     argv = default["argv"]
     assert "--enable-per-request-metrics" in argv

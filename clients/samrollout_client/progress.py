@@ -40,7 +40,8 @@ class RolloutProgress:
         if sample is not None:
             self.tokens += len(sample.token_ids)
             if sample.speculation is not None:
-                self.accepted += sample.speculation.num_accepted_draft_tokens
+                # vLLM also counts accepted draft tokens the response cut off at max_tokens or a stop string
+                self.accepted += min(sample.speculation.num_accepted_draft_tokens, max(0, len(sample.token_ids) - 1))
         if self.enabled:
             self._show()
 

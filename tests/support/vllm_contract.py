@@ -22,6 +22,8 @@ from typing import Any
 
 import pytest
 
+from samrollout.config import SpeculationConfig
+
 from .pypi_source import Artifact, source_or_fail
 
 HERE = Path(__file__).parent
@@ -290,6 +292,7 @@ def probe_result(probe: dict[str, Any], check: str) -> dict[str, Any]:
 
 PROPOSER = "samrollout.spec_decode.proposer.SamProposer"
 WORKER_EXTENSION = "samrollout.spec_decode.worker_extension.SamWorkerExtension"
+DEFAULT_LARGEST_DRAFT = SpeculationConfig().largest_draft()  # vLLM's k: the adaptive policy's longest draft
 
 
 def assert_flags(probe: dict[str, Any], tiny_dir: Path) -> dict[str, Any]:
@@ -301,7 +304,7 @@ def assert_flags(probe: dict[str, Any], tiny_dir: Path) -> dict[str, Any]:
     assert namespace["worker_extension_cls"] == WORKER_EXTENSION
     assert namespace["speculative_config"]["method"] == "custom_class"
     assert namespace["speculative_config"]["model"] == PROPOSER
-    assert namespace["speculative_config"]["num_speculative_tokens"] == 3
+    assert namespace["speculative_config"]["num_speculative_tokens"] == DEFAULT_LARGEST_DRAFT
     assert set(namespace["additional_config"]) == {"samrollout"}
     assert namespace["enable_chunked_prefill"] is None  # on (the default): nothing passed, vLLM's default
     assert not any("per-request" in line for line in chunked["log"])  # turned off by the settings: nothing to say
@@ -318,7 +321,7 @@ def assert_flags(probe: dict[str, Any], tiny_dir: Path) -> dict[str, Any]:
 def assert_engine_config(probe: dict[str, Any]) -> dict[str, Any]:
     """The engine config the release builds from the settings; returns the probe's ``engine_config`` result."""
     config = probe_result(probe, "engine_config")
-    assert config["method"] == "custom_class" and config["num_speculative_tokens"] == 3
+    assert config["method"] == "custom_class" and config["num_speculative_tokens"] == DEFAULT_LARGEST_DRAFT
     assert config["proposer"] == PROPOSER
     assert config["worker_extension_cls"] == WORKER_EXTENSION
     assert config["additional_config_keys"] == ["samrollout"]

@@ -34,6 +34,16 @@ class SequenceOutcome:
     weight_version: str | None = None
 
 
+def drafted_tokens_returned(outcome: SequenceOutcome) -> int:
+    """The accepted draft tokens among those the sequence returned.
+
+    vLLM counts every accepted draft token, also those past ``max_tokens`` or a stop string that the response
+    cuts off (a 32-token draft accepted whole when 2 tokens were left), and a sequence's first token is never a
+    draft: at most all but one of the tokens returned came from drafts.
+    """
+    return min(outcome.accepted_draft_tokens or 0, max(0, outcome.output_tokens - 1))
+
+
 @dataclass
 class RolloutState:
     """What we know of one rollout so far."""
@@ -123,10 +133,11 @@ class RolloutTracker:
             if outcome.accepted_draft_tokens is None:
                 m.ROLLOUT_TOKENS.labels(source="unmeasured").inc(outcome.output_tokens)
             else:
-                state.draft_tokens += outcome.accepted_draft_tokens
+                from_drafts = drafted_tokens_returned(outcome)
+                state.draft_tokens += from_drafts
                 state.measured_tokens += outcome.output_tokens
-                m.ROLLOUT_TOKENS.labels(source="draft").inc(outcome.accepted_draft_tokens)
-                m.ROLLOUT_TOKENS.labels(source="model").inc(outcome.output_tokens - outcome.accepted_draft_tokens)
+                m.ROLLOUT_TOKENS.labels(source="draft").inc(from_drafts)
+                m.ROLLOUT_TOKENS.labels(source="model").inc(outcome.output_tokens - from_drafts)
         self._move(state, -sequences, now)
         if state.in_flight == 0:
             state.ended = now

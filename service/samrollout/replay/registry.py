@@ -2,12 +2,13 @@
 
 "As the engine would" (the replay's default) means:
 
-- ours (``sam``, ``sam-group``, ``sam-ref``) and the oracle: ``SpeculationConfig()``'s k (3) and
-  its static threshold: in a round with more than ``threshold`` (8) running rows only rows whose
+- ours (``sam``, ``sam-group``, ``sam-ref``) and the oracle: the static mode's k (3) and its
+  threshold: in a round with more than ``threshold`` (8) running rows only rows whose
   match is at least ``confident_match`` (8) tokens draft (samrollout's vLLM proposer,
   `samrollout.spec_decode.proposer.SamProposer`, still indexes every row's tokens); the draft
   policy with ``min_match_length="auto"`` settled as on GPUs and NPUs
-  (1).  The adaptive mode decides from measured step times, which a replay has not got.
+  (1).  The replay follows the static mode: the adaptive policy (the engine's default) chooses drafts
+  from step times, which a replay has not got; `samrollout simulate` projects it.
 - vLLM's peers at vLLM's defaults, which have no batch-size threshold (they draft in every
   round): ``suffix`` / ``suffix-cache`` with vLLM's default k for method "suffix",
   ``suffix_decoding_max_tree_depth`` (24; the draft is further capped by the match length);
@@ -35,7 +36,7 @@ ORACLE = "oracle"
 OWN_SOURCES = ("own", "group")
 DEFAULT_ORACLE_SOURCES = OWN_SOURCES
 VLLM_SUFFIX_DEFAULT_K = 24  # vLLM: num_speculative_tokens defaults to suffix_decoding_max_tree_depth for "suffix"
-ENGINE = SpeculationConfig()
+ENGINE = SpeculationConfig(threshold_mode="static")  # the replay has no step times for the adaptive policy
 # sam-history keeps this many tokens of earlier responses (the engine's default, when off there: 2**24).
 REPLAY_HISTORY_TOKENS = ENGINE.history_tokens or 1 << 24
 # sam-global's global index of finished responses: the engine's bound, or this when it is off there.
