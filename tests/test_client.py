@@ -573,8 +573,9 @@ async def wait_in_flight(server: ServerProcess, rollout_id: str, count: int) -> 
 
 def test_weight_update_is_visible_in_the_returned_version(tiny_server: ServerProcess, second_server: ServerProcess,
                                                           tiny_dir: Path) -> None:
-    with RolloutClient([tiny_server.url, second_server.url], model="tiny", api_key=API_KEY) as client:
-        client.update_weights(str(tiny_dir), "client-v7")
+    with swapping_weights(tiny_server, "client", tiny_dir, tiny_dir), \
+            RolloutClient([tiny_server.url, second_server.url], model="tiny", api_key=API_KEY) as client:
+        client.update_weights(str(tiny_dir), "client-v7")  # both servers; each gets its version back after
         groups = client.generate([f"version {i}" for i in range(4)], n=2, sampling=Sampling(max_tokens=4))
     assert {s.weight_version for g in groups for s in g.samples} == {"client-v7"}
 
