@@ -163,7 +163,7 @@ def plot(projections: list[dict[str, Any]], path: Path) -> None:
 
 
 def _commit() -> str:
-    """The checkout's commit (with "+dirty" when it has uncommitted changes)."""
+    """The checkout's commit (with "+dirty" when it has uncommitted changes); taken as a run starts."""
     head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=HERE).stdout.strip()
     dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True,
                            cwd=HERE).stdout.strip()
@@ -186,6 +186,7 @@ def main() -> None:
         from samrollout.models import ensure_smollm2
 
         args.tokenizer = str(ensure_smollm2())
+    commit = _commit()  # the code that runs, before anything is edited meanwhile
     host = measure()
     scale = host["drafter_time_scale"]
     print(f"host speed: {host['seconds']:.3f} s against the reference's {host['reference_seconds']:.3f} s "
@@ -198,7 +199,7 @@ def main() -> None:
                 for raw in run_one(name, arguments, args.tokenizer, args.jobs, f"0,{scale:.4f}", Path(work)):
                     projections += shaped(raw)
     args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps({"commit": _commit(), "command": " ".join(["python bench/project_rl.py",
+    args.json.write_text(json.dumps({"commit": commit, "command": " ".join(["python bench/project_rl.py",
                                                                                 *sys.argv[1:]]),
                                      "host_speed": host, "projections": projections}, indent=1) + "\n")
     print_table(projections)

@@ -84,12 +84,13 @@ def main() -> None:
         from samrollout.models import ensure_smollm2
 
         args.tokenizer = str(ensure_smollm2())
+    commit = _commit()  # the code that runs, before anything is edited meanwhile
     host = measure()
     projections: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as work:
         for scale in (0.0, host["drafter_time_scale"]):
             projections += run(args.tokenizer, scale, Path(work))
-    args.json.write_text(json.dumps({"commit": _commit(), "command": " ".join(["python bench/project_step.py",
+    args.json.write_text(json.dumps({"commit": commit, "command": " ".join(["python bench/project_step.py",
                                                                                 *sys.argv[1:]]),
                                      "host_speed": host, "projections": projections}, indent=1) + "\n")
     print_table(projections)

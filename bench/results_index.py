@@ -29,8 +29,10 @@ CURRENT = {
     "verify-cost-h100-k24.json": "the H100 cost table the projections and the CUDA cost prior use",
     "verify-cost-h100.json": "the H100 cost table up to k = 16",
     "engine-cost-cpu.json": "the CPU engine's cost table (the simulator's calibration)",
-    "simulator-calibration-cpu.json": "the rollout simulator against the CPU engine (docs/simulator.md)",
-    "simulator-rl-calibration-cpu.json": "the RL-loop simulator against real servers (docs/simulator-rl.md)",
+    "simulator-calibration-cpu.json": "the rollout simulator against the CPU engine, the static mode's modes (not run "
+                                      "again with the adaptive policy; docs/simulator.md)",
+    "simulator-rl-calibration-cpu.json": "the RL-loop simulator against real servers, the static mode (not run again "
+                                         "with the adaptive policy; docs/simulator-rl.md)",
     "weight-push-fanout-cpu.json": "a relayed weight push to 1 and 4 servers (docs/rl-controls.md)",
 }
 
@@ -61,25 +63,28 @@ def row(path: Path) -> str:
     command = f"`{recorded['command']}`" if recorded.get("command") else "-"
     commit = recorded.get("commit") or last.split(" ")[0]
     date = last.split(" ")[1] if " " in last else "-"
-    return f"| `{path.name}` | {commit} | {date} | {command} |"
+    name = path.relative_to(RESULTS)
+    return f"| `{name}` | {commit[:12]} | {date} | {command} |"
 
 
 def main() -> None:
     """Write the index."""
-    files = sorted(p for p in RESULTS.iterdir() if p.name != "README.md")
+    files = sorted(p for p in RESULTS.iterdir() if p.name not in ("README.md", "archive"))
+    archived = sorted((RESULTS / "archive").iterdir()) if (RESULTS / "archive").is_dir() else []
     lines = ["# Benchmark results", "",
              "Written by `python bench/results_index.py`. Each file comes from a `bench/` script; the commit is the "
              "one the file records, else the last commit that changed it. Figures are only comparable within one "
              "file (one run, one machine, one day): the docs quote each with its file.", "",
              "## Current", "", "| file | what it shows |", "| --- | --- |"]
     lines += [f"| `{name}` | {what} |" for name, what in CURRENT.items() if (RESULTS / name).exists()]
-    lines += ["", "## Every file", "",
-              "The files not listed above are earlier measurements, kept as the record the docs' history "
-              "sections cite; a newer file supersedes them where both measure the same thing.", "",
-              "| file | commit | date | command |", "| --- | --- | --- | --- |"]
-    lines += [row(p) for p in files]
+    header = ["| file | commit | date | command |", "| --- | --- | --- | --- |"]
+    lines += ["", "## Every file here", "", *header, *(row(p) for p in files)]
+    lines += ["", "## Archive", "",
+              "`archive/`: earlier measurements that the current code no longer reproduces (older defaults, older "
+              "simulator versions), kept as the record the docs' history sections cite.", "", *header,
+              *(row(p) for p in archived)]
     (RESULTS / "README.md").write_text("\n".join(lines) + "\n")
-    print(f"indexed {len(files)} files")
+    print(f"indexed {len(files)} files and {len(archived)} archived")
 
 
 if __name__ == "__main__":
