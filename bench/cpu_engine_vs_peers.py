@@ -161,12 +161,11 @@ def main() -> None:
     parser.add_argument("--plot", type=Path)
     args = parser.parse_args()
     sys.path.insert(0, str(HERE))
-    from project_rl import _commit
+    from provenance import command_line, git_commit
 
     work = Path("/tmp/samrollout-cpu-engine-vs-peers")
     work.mkdir(exist_ok=True)
-    result: dict[str, Any] = {"commit": _commit(), "command": " ".join(["python bench/cpu_engine_vs_peers.py",
-                                                                       *sys.argv[1:]])}
+    result: dict[str, Any] = {"commit": git_commit(), "command": command_line("cpu_engine_vs_peers.py")}
     if args.only != "sampled":
         result["greedy"] = greedy(args.rounds, work, args.greedy_from)
         if args.greedy_from:

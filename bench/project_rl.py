@@ -162,14 +162,6 @@ def plot(projections: list[dict[str, Any]], path: Path) -> None:
     save(fig, path)
 
 
-def _commit() -> str:
-    """The checkout's commit (with "+dirty" when it has uncommitted changes); taken as a run starts."""
-    head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=HERE).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True,
-                           cwd=HERE).stdout.strip()
-    return f"{head}+dirty" if dirty else head
-
-
 def main() -> None:
     """Measure the host's speed, run every projection, shape, print, write."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -181,12 +173,10 @@ def main() -> None:
     args = parser.parse_args()
     sys.path.insert(0, str(HERE))
     from host_speed import measure
+    from provenance import builtin_tokenizer, command_line, git_commit
 
-    if args.tokenizer is None:
-        from samrollout.models import ensure_smollm2
-
-        args.tokenizer = str(ensure_smollm2())
-    commit = _commit()  # the code that runs, before anything is edited meanwhile
+    args.tokenizer = builtin_tokenizer(args.tokenizer)
+    commit = git_commit()
     host = measure()
     scale = host["drafter_time_scale"]
     print(f"host speed: {host['seconds']:.3f} s against the reference's {host['reference_seconds']:.3f} s "
@@ -199,8 +189,7 @@ def main() -> None:
                 for raw in run_one(name, arguments, args.tokenizer, args.jobs, f"0,{scale:.4f}", Path(work)):
                     projections += shaped(raw)
     args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps({"commit": commit, "command": " ".join(["python bench/project_rl.py",
-                                                                                *sys.argv[1:]]),
+    args.json.write_text(json.dumps({"commit": commit, "command": command_line("project_rl.py"),
                                      "host_speed": host, "projections": projections}, indent=1) + "\n")
     print_table(projections)
     if args.plot:

@@ -78,20 +78,16 @@ def main() -> None:
     args = parser.parse_args()
     sys.path.insert(0, str(HERE))
     from host_speed import measure
-    from project_rl import _commit
+    from provenance import builtin_tokenizer, command_line, git_commit
 
-    if args.tokenizer is None:
-        from samrollout.models import ensure_smollm2
-
-        args.tokenizer = str(ensure_smollm2())
-    commit = _commit()  # the code that runs, before anything is edited meanwhile
+    args.tokenizer = builtin_tokenizer(args.tokenizer)
+    commit = git_commit()
     host = measure()
     projections: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as work:
         for scale in (0.0, host["drafter_time_scale"]):
             projections += run(args.tokenizer, scale, Path(work))
-    args.json.write_text(json.dumps({"commit": commit, "command": " ".join(["python bench/project_step.py",
-                                                                                *sys.argv[1:]]),
+    args.json.write_text(json.dumps({"commit": commit, "command": command_line("project_step.py"),
                                      "host_speed": host, "projections": projections}, indent=1) + "\n")
     print_table(projections)
     if args.plot:

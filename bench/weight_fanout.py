@@ -43,6 +43,8 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+from provenance import git_commit
+
 MODES = {"direct": False, "fan-out": True}
 
 
@@ -132,21 +134,6 @@ def tree_cpu_s(pid: int) -> float:
             continue
         total += times.user + times.system
     return total
-
-
-def git_commit() -> str:
-    """The repository's HEAD, with ``+dirty`` when the tree has uncommitted changes ("unknown" outside git)."""
-    import subprocess
-
-    root = Path(__file__).resolve().parents[1]
-    try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
-                              check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                               capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return head + ("+dirty" if dirty else "")
 
 
 def scale(servers: list[Any], sizes: list[int], model_dir: Path, repeats: int, link_mb_s: float) -> dict[str, Any]:

@@ -53,20 +53,35 @@ nb::list to_list(const T* values, std::size_t count) {
   return out;
 }
 
+// The per-row calls' input: request handles and per-row token lists, flattened as Drafter's step takes
+// them (the tokens, one offset per row boundary); flat holds one padding entry past its last offset, so a
+// step with no tokens still has a valid pointer.
+struct RowsIn {
+  std::vector<int32_t> flat;
+  std::vector<int64_t> handles;
+  std::vector<int64_t> offsets{0};
+};
+
+RowsIn read_rows(nb::handle requests, nb::handle rows_tokens) {
+  RowsIn in;
+  read_ints(requests, in.handles, "requests must be a sequence of handles");
+  for (nb::handle row : rows_tokens) {
+    read_ints(row, in.flat, "each row of tokens must be a sequence of ints");
+    in.offsets.push_back(static_cast<int64_t>(in.flat.size()));
+  }
+  if (in.offsets.size() != in.handles.size() + 1) {
+    throw std::invalid_argument("requests and tokens must have the same length");
+  }
+  in.flat.push_back(0);
+  return in;
+}
+
 // The engine-shaped step: request handles and per-row token lists in; per row the draft, the
 // match length behind it, its source (a DraftSource value, -1: no draft) and its certain prefix
 // (Automaton::certain_prefix) out, as four lists.
 nb::tuple step_lists(Drafter& d, nb::handle requests, nb::handle rows_tokens, int32_t k) {
-  std::vector<int32_t> flat;
-  std::vector<int64_t> handles;
-  std::vector<int64_t> offsets{0};
-  read_ints(requests, handles, "requests must be a sequence of handles");
-  for (nb::handle row : rows_tokens) {
-    read_ints(row, flat, "each row of tokens must be a sequence of ints");
-    offsets.push_back(static_cast<int64_t>(flat.size()));
-  }
-  const std::size_t n = handles.size();
-  if (offsets.size() != n + 1) throw std::invalid_argument("requests and tokens must have the same length");
+  RowsIn in = read_rows(requests, rows_tokens);
+  const std::size_t n = in.handles.size();
   const std::size_t width = k > 0 ? static_cast<std::size_t>(k) : 0;
   std::vector<int32_t> drafts(n * width + 1);
   std::vector<int32_t> lengths(n + 1);
@@ -75,8 +90,8 @@ nb::tuple step_lists(Drafter& d, nb::handle requests, nb::handle rows_tokens, in
   std::vector<int32_t> certain(n + 1);
   {
     nb::gil_scoped_release release;
-    d.step(handles.data(), n, flat.data(), offsets.data(), k, drafts.data(), lengths.data(), match_lengths.data(),
-           sources.data(), certain.data());
+    d.step(in.handles.data(), n, in.flat.data(), in.offsets.data(), k, drafts.data(), lengths.data(),
+           match_lengths.data(), sources.data(), certain.data());
   }
   nb::list rows;
   for (std::size_t i = 0; i < n; ++i) {
@@ -93,16 +108,8 @@ using SlotOut = nb::ndarray<int32_t, nb::ndim<2>, nb::c_contig, nb::device::cpu>
 // k], lengths / match_lengths / certain [rows, sources].
 void step_candidates(Drafter& d, nb::handle requests, nb::handle rows_tokens, int32_t k, CandidateOut drafts,
                      SlotOut lengths, SlotOut match_lengths, SlotOut certain) {
-  std::vector<int32_t> flat;
-  std::vector<int64_t> handles;
-  std::vector<int64_t> offsets{0};
-  read_ints(requests, handles, "requests must be a sequence of handles");
-  for (nb::handle row : rows_tokens) {
-    read_ints(row, flat, "each row of tokens must be a sequence of ints");
-    offsets.push_back(static_cast<int64_t>(flat.size()));
-  }
-  const std::size_t n = handles.size();
-  if (offsets.size() != n + 1) throw std::invalid_argument("requests and tokens must have the same length");
+  RowsIn in = read_rows(requests, rows_tokens);
+  const std::size_t n = in.handles.size();
   const auto sources = static_cast<std::size_t>(Drafter::kSources);
   if (drafts.shape(0) != n || drafts.shape(1) != sources || static_cast<int64_t>(drafts.shape(2)) != k) {
     throw std::invalid_argument("drafts must be [rows, sources, k]");
@@ -112,9 +119,8 @@ void step_candidates(Drafter& d, nb::handle requests, nb::handle rows_tokens, in
       throw std::invalid_argument("lengths, match_lengths and certain must be [rows, sources]");
     }
   }
-  flat.push_back(0);  // a valid pointer for a step with no tokens
   nb::gil_scoped_release release;
-  d.step_candidates(handles.data(), n, flat.data(), offsets.data(), k, drafts.data(), lengths.data(),
+  d.step_candidates(in.handles.data(), n, in.flat.data(), in.offsets.data(), k, drafts.data(), lengths.data(),
                     match_lengths.data(), certain.data());
 }
 
@@ -127,16 +133,8 @@ using TableOut = nb::ndarray<double, nb::ndim<2>, nb::c_contig, nb::device::cpu>
 void step_goodput(Drafter& d, nb::handle requests, nb::handle rows_tokens, int32_t k, FlagIn greedy, CountIn limits,
                   RealIn weights, RealIn seconds, DraftOut drafts, RowOut lengths, RowOut match_lengths,
                   RowOut sources, RowOut certain) {
-  std::vector<int32_t> flat;
-  std::vector<int64_t> handles;
-  std::vector<int64_t> offsets{0};
-  read_ints(requests, handles, "requests must be a sequence of handles");
-  for (nb::handle row : rows_tokens) {
-    read_ints(row, flat, "each row of tokens must be a sequence of ints");
-    offsets.push_back(static_cast<int64_t>(flat.size()));
-  }
-  const std::size_t n = handles.size();
-  if (offsets.size() != n + 1) throw std::invalid_argument("requests and tokens must have the same length");
+  RowsIn in = read_rows(requests, rows_tokens);
+  const std::size_t n = in.handles.size();
   if (greedy.shape(0) != n || limits.shape(0) != n || weights.shape(0) != n) {
     throw std::invalid_argument("greedy, limits and weights must have one entry per row");
   }
@@ -146,11 +144,10 @@ void step_goodput(Drafter& d, nb::handle requests, nb::handle rows_tokens, int32
   for (const RowOut* out : {&lengths, &match_lengths, &sources, &certain}) {
     if (out->shape(0) != n) throw std::invalid_argument("lengths, match_lengths, sources and certain must be [rows]");
   }
-  flat.push_back(0);  // a valid pointer for a step with no tokens
   nb::gil_scoped_release release;
-  d.step_goodput(handles.data(), n, flat.data(), offsets.data(), k, greedy.data(), limits.data(), weights.data(),
-                 seconds.data(), seconds.shape(0), drafts.data(), lengths.data(), match_lengths.data(),
-                 sources.data(), certain.data());
+  d.step_goodput(in.handles.data(), n, in.flat.data(), in.offsets.data(), k, greedy.data(), limits.data(),
+                 weights.data(), seconds.data(), seconds.shape(0), drafts.data(), lengths.data(),
+                 match_lengths.data(), sources.data(), certain.data());
 }
 
 }  // namespace
