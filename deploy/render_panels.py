@@ -232,7 +232,7 @@ def draw_stat(ax: Axes, panel: Any, results: list[QueryResult]) -> None:
                 continue
             value = format_value(float(series.values[-1]), panel.unit)
             lines.append(value if len(current) == 1 else f"{legend_text(result.legend, series.labels)}: {value}")
-    text = "\n".join(lines) or "no data"
+    text = "\n".join(lines) or getattr(panel, "no_value", "") or "no data"  # Grafana's noValue
     ax.text(0.5, 0.42, text, transform=ax.transAxes, ha="center", va="center",
             fontsize=18 if len(lines) <= 1 else 11, color="black" if lines else "grey")
     ax.set_xticks([])
@@ -287,6 +287,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--prometheus", default="http://127.0.0.1:9090", help="Prometheus base URL")
     parser.add_argument("--minutes", type=float, default=10.0, help="how far back to draw (default 10)")
+    parser.add_argument("--end", type=float, help="the window's end, Unix seconds (default: now); the stat panels "
+                        "show the values at that moment")
     parser.add_argument("--out", type=Path, default=Path("panels.png"), help="PNG to write (default panels.png)")
     parser.add_argument("--scrape-interval", type=float, default=5.0,
                         help="Prometheus's scrape interval in seconds, for $__rate_interval (default 5, as in "
@@ -301,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
     """Query, draw, write the PNG; print one line per panel (series found, errors)."""
     args = parse_args(argv)
     panels: list[Any] = load_dashboard(args.dashboard).PANELS
-    window = make_window(args.minutes, args.scrape_interval)
+    window = make_window(args.minutes, args.scrape_interval, args.end)
     try:
         with httpx.Client(base_url=args.prometheus.rstrip("/"), timeout=args.timeout) as client:
             results = collect(client, panels, window)

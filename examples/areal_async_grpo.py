@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import re
 import shutil
 import statistics
 import tempfile
@@ -41,11 +40,11 @@ from areal.api.io_struct import WeightUpdateMeta
 from areal.engine.vllm_remote import RemotevLLMEngine
 from areal.utils import name_resolve, names
 from areal.workflow import RLVRWorkflow
+from math_reward import correct
 from transformers import AutoTokenizer
 
 from samrollout_client.areal import SamrolloutEngine
 
-NUMBER = re.compile(r"-?\d+")
 EXPERIMENT, TRIAL = "samrollout-example", "areal-async-grpo"
 BUILTIN_TOKENIZER = Path.home() / ".cache" / "samrollout" / "models" / "smollm2-135m-instruct"
 
@@ -60,9 +59,9 @@ def question(rng: random.Random) -> dict[str, Any]:
 
 def reward(prompt: str, completions: str, prompt_ids: list[int], completion_ids: list[int], answer: int,
            **_: Any) -> float:
-    """1.0 if the first number in the response is the answer (AReaL calls it in a process pool: module level)."""
-    match = NUMBER.search(completions)
-    return 1.0 if match is not None and int(match.group()) == answer else 0.0
+    """1.0 if the response's final answer is the right one (`math_reward.final_answer`: "21 * 8 equals 168."
+    answers 168), else 0.0 (AReaL calls it in a process pool: module level)."""
+    return 1.0 if correct(completions, answer) else 0.0
 
 
 def grpo_advantages(rewards: list[float], eps: float = 1e-6) -> list[float]:

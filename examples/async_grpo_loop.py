@@ -6,8 +6,8 @@
 Each step takes the first ``--groups`` GRPO groups (``--n`` responses to one arithmetic
 question) to finish from a partial rollout (`AsyncRolloutClient.partial_rollout`); the
 responses still generating keep going while the "trainer" works.  The trainer here is
-simulated: it scores each group (1 if the first number in the response is the right
-answer), computes GRPO's group-normalised advantages, reads which weight version sampled
+simulated: it scores each group (1 if the response's final answer is the right one),
+computes GRPO's group-normalised advantages, reads which weight version sampled
 each token (`Sample.weight_version_spans`) to weigh the off-policy ones, sleeps
 ``--train-s`` in place of a gradient step, and pushes new weights with
 ``in_flight="continue"``: the responses in flight go on under them, in the same HTTP

@@ -4,7 +4,7 @@
     python examples/grpo_loop.py --steps 3 --groups 8 --n 8
 
 Each step samples a group of n responses per arithmetic question, scores them with a
-verifiable reward (1 if the first number in the response is the right answer, else 0),
+verifiable reward (1 if the response's final answer is the right one, else 0),
 computes GRPO's group-normalised advantages ((r - mean) / (std + eps) within each group)
 and prints the rollout report (makespan, tail share, acceptance).  There is NO training
 step: a real trainer would update the policy from (tokens, logprobs, advantages) here and
@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import argparse
 import random
-import re
 import statistics
 import time
 
-from samrollout_client import RolloutClient, Sampling
+from math_reward import correct
 
-NUMBER = re.compile(r"-?\d+")
+from samrollout_client import RolloutClient, Sampling
 
 
 def make_questions(count: int, rng: random.Random) -> list[tuple[str, int]]:
@@ -37,9 +36,9 @@ def make_questions(count: int, rng: random.Random) -> list[tuple[str, int]]:
 
 
 def reward(text: str, answer: int) -> float:
-    """1.0 if the first number in the response is the answer, else 0.0 (a verifiable reward)."""
-    match = NUMBER.search(text)
-    return 1.0 if match is not None and int(match.group()) == answer else 0.0
+    """1.0 if the response's final answer is the right one (`math_reward.final_answer`), else 0.0 (a verifiable
+    reward)."""
+    return 1.0 if correct(text, answer) else 0.0
 
 
 def advantages(rewards: list[float], eps: float = 1e-6) -> list[float]:

@@ -592,6 +592,41 @@ def test_bad_arguments_are_rejected_with_clear_errors(client: RolloutClient) -> 
     assert len(failed.value.partial[0].samples) == 1 and failed.value.partial[1].samples == []
 
 
+def test_generate_takes_sampling_as_a_dict_as_openai_users_write_it(client: RolloutClient) -> None:
+    prompts = ["What is 21 * 8?", "What is 3 + 4?"]
+    as_dict = client.generate(prompts, n=4, sampling={"max_tokens": 9, "temperature": 0}, rollout_id="client-dict")
+    as_model = client.generate(prompts, n=4, sampling=Sampling(max_tokens=9, temperature=0))
+    assert [[s.token_ids for s in g.samples] for g in as_dict] == [[s.token_ids for s in g.samples] for g in as_model]
+    assert all(len(s.token_ids) == 9 for g in as_dict for s in g.samples)
+    sampled = client.generate(prompts, n=4, sampling={"max_tokens": 6, "temperature": 1.0, "stop": "zzz"})
+    assert all(len(s.token_ids) <= 6 for g in sampled for s in g.samples)
+
+
+def test_wrong_public_arguments_fail_at_the_call_naming_what_to_pass(client: RolloutClient,
+                                                                     tiny_server: ServerProcess) -> None:
+    with pytest.raises(ValueError, match=r"Sampling has no field 'max_token'; its fields are max_tokens"):
+        client.generate(["x"], n=2, sampling={"max_token": 48})
+    with pytest.raises(ValueError, match=r"pass the group size as generate\(n=...\)"):
+        client.generate(["x"], n=2, sampling={"max_tokens": 4, "n": 2})
+    with pytest.raises(ValueError, match="bad Sampling field: temperature"):
+        client.generate(["x"], n=2, sampling={"temperature": -1})
+    with pytest.raises(TypeError, match=r"sampling must be a samrollout_client\.Sampling or a dict"):
+        client.generate(["x"], n=2, sampling=48)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"pass \[prompt\] for one"):
+        client.generate("What is 2 + 2?", n=2)
+    with pytest.raises(TypeError, match="n must be an int"):
+        client.generate(["x"], n="4")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"pass \[prompt\] for one"):
+        client.partial_rollout("What is 2 + 2?", 2, batch_groups=1)
+    with pytest.raises(ValueError, match="Sampling has no field 'maxTokens'"):
+        client.partial_rollout(["x"], 2, batch_groups=1, sampling={"maxTokens": 4})
+    with pytest.raises(ValueError, match=r"in_flight must be one of \('wait', 'abort', 'continue'"):
+        client.update_weights("/nowhere", "v9", in_flight="keep")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="version must be a non-empty string"):
+        client.push_weights({}, version=3)  # type: ignore[arg-type]
+    assert admin_status(tiny_server)["in_flight_requests"] == 0  # none of them sent anything
+
+
 def test_overall_timeout_names_the_missing_samples(client: RolloutClient) -> None:
     client.pause("keep")  # nothing can finish: the timeout surely fires first
     try:

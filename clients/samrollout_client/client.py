@@ -40,6 +40,14 @@ from typing import Any, Literal
 
 import httpx
 
+from samrollout_client.arguments import (
+    SamplingLike,
+    as_sampling,
+    check_count,
+    check_optional_text,
+    check_prompts,
+    check_update,
+)
 from samrollout_client.divided import (
     DividedSample,
     StreamError,
@@ -76,7 +84,6 @@ from samrollout_client.types import (
     SpecStats,
     StalePolicy,
     WeightPush,
-    is_prompt,
 )
 from samrollout_client.versions import VersionTracker
 from samrollout_client.weight_commit import WeightsSplit, commit_weights, push_weights, roll_back
@@ -148,17 +155,18 @@ class AsyncRolloutClient:
 
     # --- rollouts -------------------------------------------------------------------------------
 
-    async def generate(self, prompts: Sequence[Prompt], n: int = 8, sampling: Sampling | None = None,
+    async def generate(self, prompts: Sequence[Prompt], n: int = 8, sampling: SamplingLike = None,
                        rollout_id: str | None = None, timeout_s: float | None = None) -> list[GroupResult]:
-        """``n`` samples for every prompt, in input order (see the module docstring for retries and errors)."""
-        if n < 1:
-            raise ValueError(f"n must be at least 1, got {n}")
+        """``n`` samples for every prompt, in input order (see the module docstring for retries and errors).
+
+        ``sampling``: a `Sampling` or a dict of its fields (``{"max_tokens": 48, "temperature": 1.0}``);
+        a wrong argument raises TypeError or ValueError here, before any request."""
+        check_count("n", n)
+        check_prompts(prompts)
+        check_optional_text("rollout_id", rollout_id)
+        sampling = as_sampling(sampling)
         if not prompts:
             return []
-        for index, prompt in enumerate(prompts):
-            if not is_prompt(prompt):
-                raise ValueError(f"prompt {index} must be a string or a non-empty list of token ids")
-        sampling = sampling or Sampling()
         if self.divide_after_tokens is not None:
             check_divisible(sampling)
         rollout_id = rollout_id or f"rollout-{uuid.uuid4().hex[:12]}"
@@ -218,7 +226,7 @@ class AsyncRolloutClient:
         return groups
 
     def partial_rollout(self, prompts: Iterable[Prompt], group_size: int = 8, *, batch_groups: int,
-                        sampling: Sampling | None = None,
+                        sampling: SamplingLike = None,
                         max_staleness: int | None = DEFAULT_MAX_STALENESS,
                         on_stale: StalePolicy = "restart", max_concurrent_groups: int | None = None,
                         rollout_id: str | None = None) -> PartialRollout:
@@ -407,6 +415,7 @@ class AsyncRolloutClient:
         first (``wait``), end with what they have (``abort``), or go on under the new weights in the
         same response (``continue``: what a `partial_rollout` wants).
         """
+        check_update(version, in_flight)
         await self._transport.broadcast("/admin/update_weights",
                                         {"path": path, "version": version, "in_flight": in_flight})
         await self._versions.wait_for(version, timeout_s)
@@ -436,6 +445,7 @@ class AsyncRolloutClient:
         ``staged`` or `roll_back` brings them together). ``in_flight`` as for `update_weights`.
         Returns what was sent and how long the upload and the load took.
         """
+        check_update(version, in_flight)
         source = WeightFiles(weights, shard_bytes)  # a bad argument fails here, before any request
         return await push_weights(self._transport, self._versions, source, version, in_flight, timeout_s, fan_out)
 
@@ -457,6 +467,7 @@ class AsyncRolloutClient:
         still staged where a commit failed: this tries those commits again). Raises `WeightsSplit`
         when some endpoints load it and others do not (`samrollout_client.weight_commit`).
         """
+        check_update(version, in_flight)
         return await commit_weights(self._transport, self._versions, staged, version, in_flight, timeout_s)
 
     async def roll_back(self, split: WeightsSplit, weights: WeightsSource, version: str | None = None,

@@ -48,6 +48,13 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
+from samrollout_client.arguments import (
+    SamplingLike,
+    as_sampling,
+    check_count,
+    check_optional_text,
+    check_prompt_stream,
+)
 from samrollout_client.errors import RolloutFailed, SamrolloutError
 from samrollout_client.types import (
     GroupResult,
@@ -140,20 +147,22 @@ class PartialRollout:
     """
 
     def __init__(self, client: GroupSampler, prompts: Iterable[Prompt], *, group_size: int,
-                 batch_groups: int, sampling: Sampling | None = None,
+                 batch_groups: int, sampling: SamplingLike = None,
                  max_staleness: int | None = DEFAULT_MAX_STALENESS,
                  on_stale: StalePolicy = "restart", max_concurrent_groups: int | None = None,
                  rollout_id: str | None = None) -> None:
-        if group_size < 1 or batch_groups < 1:
-            raise ValueError(f"group_size and batch_groups must be at least 1, got {group_size}, {batch_groups}")
-        if max_staleness is not None and max_staleness < 0:
-            raise ValueError(f"max_staleness must be None (no bound) or at least 0, got {max_staleness}")
+        check_prompt_stream(prompts)
+        check_count("group_size", group_size)
+        check_count("batch_groups", batch_groups)
+        check_optional_text("rollout_id", rollout_id)
+        if max_staleness is not None:
+            check_count("max_staleness (None: no bound)", max_staleness, minimum=0)
         if on_stale not in STALE_POLICIES:
             raise ValueError(f"on_stale must be one of {STALE_POLICIES}, got {on_stale!r}")
         concurrent = 2 * batch_groups if max_concurrent_groups is None else max_concurrent_groups
         if concurrent < batch_groups:
             raise ValueError(f"max_concurrent_groups ({concurrent}) must be at least batch_groups ({batch_groups})")
-        self.sampling = sampling or Sampling()
+        self.sampling = as_sampling(sampling)
         if client.divide_after_tokens is not None:
             from samrollout_client.divided import check_divisible
 

@@ -7,6 +7,7 @@ import threading
 from collections.abc import Coroutine, Iterable, Iterator, Sequence
 from typing import Any, Literal, TypeVar
 
+from samrollout_client.arguments import SamplingLike
 from samrollout_client.client import AsyncRolloutClient
 from samrollout_client.partial import DEFAULT_MAX_STALENESS, PartialRollout
 from samrollout_client.types import (
@@ -16,7 +17,6 @@ from samrollout_client.types import (
     PauseMode,
     Prompt,
     RolloutReport,
-    Sampling,
     StalePolicy,
     WeightPush,
 )
@@ -47,13 +47,13 @@ class RolloutClient:
     def _run(self, coroutine: Coroutine[Any, Any, T]) -> T:
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
 
-    def generate(self, prompts: Sequence[Prompt], n: int = 8, sampling: Sampling | None = None,
+    def generate(self, prompts: Sequence[Prompt], n: int = 8, sampling: SamplingLike = None,
                  rollout_id: str | None = None, timeout_s: float | None = None) -> list[GroupResult]:
         """See `AsyncRolloutClient.generate`."""
         return self._run(self._client.generate(prompts, n, sampling, rollout_id, timeout_s))
 
     def partial_rollout(self, prompts: Iterable[Prompt], group_size: int = 8, *, batch_groups: int,
-                        sampling: Sampling | None = None,
+                        sampling: SamplingLike = None,
                         max_staleness: int | None = DEFAULT_MAX_STALENESS,
                         on_stale: StalePolicy = "restart", max_concurrent_groups: int | None = None,
                         rollout_id: str | None = None) -> SyncPartialRollout:

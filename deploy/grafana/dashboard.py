@@ -58,7 +58,8 @@ class Panel:
 
     ``unit`` is a Grafana unit id (``s``, ``percentunit``, ``reqps``, ``none``, or a custom
     ``suffix: ...``); ``width`` is in Grafana's 24-column grid; ``stacked`` stacks the series;
-    ``show_name`` makes a stat panel show the series name (its legend) instead of its value.
+    ``show_name`` makes a stat panel show the series name (its legend) instead of its value;
+    ``no_value`` is what a panel shows when its queries return nothing (an idle server: no NaN).
     """
 
     title: str
@@ -73,11 +74,17 @@ class Panel:
     max: float | None = None
     stacked: bool = False
     show_name: bool = False
+    no_value: str = ""
 
 
 def _rate(metric: str, window: str = "$__rate_interval") -> str:
     """``rate(metric[window])``."""
     return f"rate({metric}[{window}])"
+
+
+def _positive(expr: str) -> str:
+    """``expr`` where it is above 0, else nothing: a ratio over it is then empty (the panel's ``no_value``), not NaN."""
+    return f"({expr} > 0)"
 
 
 def _quantile(q: float, histogram: str, window: str = "$__rate_interval", legend: str = "") -> Query:
@@ -113,27 +120,31 @@ UPDATES = "Weight updates"
 PANELS: list[Panel] = [
     # --- at a glance ---
     Panel("Acceptance rate (5 min)", "percentunit", (
-        Query(f"sum({_rate(ACCEPTED, STAT_WINDOW)}) / sum({_rate(DRAFTED, STAT_WINDOW)})", "accepted / drafted"),
-    ), SPECULATION, kind="stat", width=4, height=4, min=0, max=1,
-        description="Accepted draft tokens / draft tokens verified over the last 5 minutes, all servers "
-                    "(NaN: nothing drafted)."),
+        Query(f"sum({_rate(ACCEPTED, STAT_WINDOW)}) / {_positive(f'sum({_rate(DRAFTED, STAT_WINDOW)})')}",
+              "accepted / drafted"),
+    ), SPECULATION, kind="stat", width=4, height=4, min=0, max=1, no_value="nothing drafted",
+        description="Accepted draft tokens / draft tokens verified over the last 5 minutes, all servers."),
     Panel("Acceptance length (5 min)", "none", (
-        Query(f"1 + sum({_rate(ACCEPTED, STAT_WINDOW)}) / sum({_rate(DRAFTS, STAT_WINDOW)})", "tokens / verification"),
-    ), SPECULATION, kind="stat", width=4, height=4,
+        Query(f"1 + sum({_rate(ACCEPTED, STAT_WINDOW)}) / {_positive(f'sum({_rate(DRAFTS, STAT_WINDOW)})')}",
+              "tokens / verification"),
+    ), SPECULATION, kind="stat", width=4, height=4, no_value="nothing drafted",
         description="Tokens per verification step over the last 5 minutes: 1 (the bonus token) + accepted draft "
                     "tokens per draft."),
     Panel("Output tokens/s (now)", "suffix: tok/s", (
         Query(f"sum({_rate(GENERATED)})", "tokens/s"),
-    ), SERVING, kind="stat", width=4, height=4),
-    Panel("Speculation k", "none", (
+    ), SERVING, kind="stat", width=4, height=4, no_value="no server"),
+    Panel("Longest draft (k)", "none", (
         Query("max(samrollout_speculation_k)", "k"),
-    ), SPECULATION, kind="stat", width=4, height=4, description="Draft tokens per step."),
+    ), SPECULATION, kind="stat", width=4, height=4, no_value="speculation off",
+        description="The most draft tokens one request may get in a step; the adaptive policy picks each "
+                    "request's draft length from 0 to k."),
     Panel("Active rollouts", "none", (
         Query("sum(samrollout_rollouts_active)", "rollouts"),
-    ), ROLLOUTS, kind="stat", width=4, height=4, description="Rollout ids with requests in flight."),
+    ), ROLLOUTS, kind="stat", width=4, height=4, no_value="no server",
+        description="Rollout ids with requests in flight."),
     Panel("Weight version", "none", (
         Query("max by (version) (samrollout_weight_version_info)", "{{version}}"),
-    ), SERVING, kind="stat", width=4, height=4, show_name=True,
+    ), SERVING, kind="stat", width=4, height=4, show_name=True, no_value="no server",
         description="The served weight version (several names: servers differ)."),
     # --- speculation ---
     Panel("Acceptance length", "none", (
@@ -301,6 +312,8 @@ def all_queries() -> list[str]:
 def _field_config(panel: Panel) -> dict[str, Any]:
     """Grafana's ``fieldConfig`` for a panel: unit, bounds, and the time series' line style."""
     defaults: dict[str, Any] = {"unit": panel.unit, "color": {"mode": "palette-classic"}}
+    if panel.no_value:
+        defaults["noValue"] = panel.no_value
     if panel.min is not None:
         defaults["min"] = panel.min
     if panel.max is not None:
