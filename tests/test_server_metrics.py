@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 import pytest
 
 from conftest import API_KEY
@@ -70,6 +71,30 @@ def test_every_metric_family_is_exported_with_base_units(tiny_server: ServerProc
                    "drafter_source_accepted_tokens_total", "drafter_global_tokens", "preemptions_total"):
         assert f"samrollout_{family}" in names, family
     assert not any(n.endswith("_created") for n in names if n.startswith("samrollout_"))
+
+
+def engine_worker(server: ServerProcess) -> psutil.Process:
+    """The server's vLLM worker process (it runs the model and the proposer)."""
+    workers = [p for p in psutil.Process(server.process.pid).children(recursive=True)
+               if "VLLM::Worker" in " ".join(p.cmdline()) or p.name().startswith("VLLM::Worker")]
+    assert len(workers) == 1, workers
+    return workers[0]
+
+
+def test_scraping_an_idle_server_leaves_its_engine_worker_idle(tiny_server: ServerProcess) -> None:
+    # vLLM's worker busy-polls for a second after each call it gets; reading the drafter's stats is such a
+    # call. An idle server scraped every half second must not be called at all: on a laptop, that core is
+    # the trainer's.
+    settle(tiny_server)
+    scrape(tiny_server)
+    time.sleep(1.5)  # any spin from the last real step is over
+    worker = engine_worker(tiny_server)
+    before = sum(worker.cpu_times()[:2])
+    for _ in range(8):
+        scrape(tiny_server)
+        drafter_stats(tiny_server)
+        time.sleep(0.5)
+    assert sum(worker.cpu_times()[:2]) - before < 1.5  # calling it every time: about 4 CPU seconds
 
 
 def test_engine_acceptance_counts_agree_with_what_the_proposer_proposed(tiny_server: ServerProcess) -> None:

@@ -37,6 +37,7 @@ from samrollout.server.continuation import (
     recomputed_tokens,
     sequences_in_flight,
 )
+from samrollout.server.drafter_stats_cache import DrafterStatsCache, EngineActivity
 from samrollout.server.errors import ApiError
 from samrollout.server.generation_gate import GenerationGate
 from samrollout.server.inflight import InflightRegistry
@@ -147,12 +148,14 @@ class ServerRuntime:
     last_update: dict[str, Any] | None = None  # the last weight update's `update_cost`, with its Unix time ("at")
     generation_gate: GenerationGate | None = None  # AReaL's pause holds new requests here (--areal-routes)
     weights_root: WeightsRoot = field(default_factory=lambda: WeightsRoot(None))  # where loads by path may read
+    activity: EngineActivity | None = None   # requests reaching the engine (drafter_stats_cache); None: count none
 
     def __post_init__(self) -> None:
         """Label sequences the engine gives no version with this runtime's version (`weight_labels`)."""
         if self.labels is None:
             self.labels = WeightLabels(self.engine, lambda: self.weight_version)
         self.labels.current = lambda: self.weight_version
+        self._drafter_cache = DrafterStatsCache(self._read_drafter_stats, self.activity or EngineActivity(None))
 
     async def abort_rollout(self, rollout_id: str) -> int:
         """Abort every in-flight request tagged ``rollout_id``; returns how many HTTP requests it hit."""
@@ -302,6 +305,7 @@ class ServerRuntime:
         if not keep_kv:
             await self.engine.reset_prefix_cache()
         await self.engine.collective_rpc("samrollout_reset_drafter")
+        self._drafter_cache.forget()
         old = self.weight_version
         self.weight_version = version
         set_weight_version(version, old)
@@ -325,7 +329,12 @@ class ServerRuntime:
                            "(--weight-check-timeout); the served weights are kept", param) from None
 
     async def drafter_stats(self) -> ProposerStats | None:
-        """The proposer's stats (`SamProposer.stats`) of the first worker; None with speculation off.
+        """The proposer's stats (`SamProposer.stats`) of the first worker; None with speculation off. Read from the
+        worker only when the engine may have stepped since the last read (`drafter_stats_cache`)."""
+        return await self._drafter_cache.get()
+
+    async def _read_drafter_stats(self) -> ProposerStats | None:
+        """The proposer's stats, asked of the first worker.
 
         With tensor parallelism every rank runs the same proposer on the same batch, so
         one rank's counters are the engine's.  They cross from the worker as JSON, read back
@@ -397,8 +406,8 @@ async def start_runtime(settings: ServerSettings, state: State) -> ServerRuntime
         layout = checkpoint_layout(model_path, vllm_config.model_config.revision, vllm_config.load_config.download_dir)
         if layout is not None and settings.max_weight_upload_bytes is None:
             uploads.max_bytes = default_max_bytes(layout)
-    epoch = WeightEpoch()
-    generation = generation_client(settings, EpochSaltedEngine(engine, epoch))
+    epoch, activity = WeightEpoch(), EngineActivity(engine)
+    generation = generation_client(settings, EpochSaltedEngine(engine, epoch, activity.note_request))
     labels = WeightLabels(engine, lambda: settings.weight_version)  # then the runtime's (its __post_init__)
     try:
         supported = await engine.get_supported_tasks()
@@ -417,7 +426,7 @@ async def start_runtime(settings: ServerSettings, state: State) -> ServerRuntime
                          weight_version=settings.weight_version,
                          expected_weights=layout,
                          rollouts=RolloutTracker(settings.threshold, settings.rollout_idle_seconds),
-                         weight_uploads=uploads, labels=labels, epoch=epoch,
+                         weight_uploads=uploads, labels=labels, epoch=epoch, activity=activity,
                          generation_gate=GenerationGate() if settings.areal_routes else None,
                          weights_root=weights_root,
                          weight_peers=WeightPeers(parse_peer_urls(settings.weight_peers), new_server_id(),

@@ -16,7 +16,7 @@ server (length-aware scheduling) when an update comes gets the new epoch's.  A u
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
 from copy import copy
 from typing import Any
@@ -55,12 +55,14 @@ def salted(prompt: Any, salt: str | None) -> Any:
 class EpochSaltedEngine:
     """The engine, with each request's prompt salted by the weight epoch at the moment it reaches the engine.
 
-    Everything but `generate` goes to the engine itself.
+    Everything but `generate` goes to the engine itself. ``on_request`` is told of every request
+    that reaches the engine (`drafter_stats_cache.EngineActivity` counts them).
     """
 
-    def __init__(self, engine: Any, epoch: WeightEpoch) -> None:
+    def __init__(self, engine: Any, epoch: WeightEpoch, on_request: Callable[[], None] | None = None) -> None:
         self._engine = engine
         self.epoch = epoch
+        self._on_request = on_request
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._engine, name)
@@ -68,6 +70,8 @@ class EpochSaltedEngine:
     async def generate(self, prompt: Any, sampling_params: Any, request_id: str,
                        **kwargs: Any) -> AsyncGenerator[Any, None]:
         """The engine's `generate` of ``prompt`` salted when the request is added (its first output is asked for)."""
+        if self._on_request is not None:
+            self._on_request()
         outputs = self._engine.generate(salted(prompt, self.epoch.salt), sampling_params, request_id, **kwargs)
         async with aclosing(outputs):  # a caller leaving (a client gone) aborts the engine request at once
             async for output in outputs:
