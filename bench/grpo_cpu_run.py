@@ -99,13 +99,14 @@ def run_mode(mode: str, args: argparse.Namespace, urls: list[str], api_key: str)
 
 
 def draw_panels(prometheus_url: str, summary: dict[str, Any], out: Path) -> None:
-    """The dashboard's panels over ``summary``'s run, their stats at its second-to-last step."""
+    """The dashboard's panels over ``summary``'s run, their stats 2 s after its second-to-last push (the next
+    step's groups generating)."""
     steps = summary["steps"]
-    end = steps[-2]["finished_at"] if len(steps) > 1 else steps[-1]["finished_at"]
+    end = (steps[-2]["finished_at"] if len(steps) > 1 else steps[-1]["finished_at"]) + 2.0
     minutes = (end - summary["started_at"]) / 60 + 0.5
     out.parent.mkdir(parents=True, exist_ok=True)
     subprocess.run([sys.executable, str(ROOT / "deploy" / "render_panels.py"), "--prometheus", prometheus_url,
-                    "--minutes", f"{minutes:.1f}", "--end", f"{end:.0f}", "--scrape-interval", "1",
+                    "--minutes", f"{minutes:.1f}", "--end", f"{end:.1f}", "--scrape-interval", "1",
                     "--out", str(out)], check=True)
 
 

@@ -169,6 +169,9 @@ def _axis_label(unit: str) -> str:
     return ""
 
 
+MAX_LEGEND_ENTRIES = 12
+
+
 def draw_timeseries(ax: Axes, panel: Any, results: list[QueryResult], window: Window) -> None:
     """One time-series panel: a line per series (stacked areas if the panel stacks), Grafana's legends."""
     x = mdates.date2num([datetime.fromtimestamp(t) for t in window.times])  # type: ignore[no-untyped-call]  # local
@@ -208,7 +211,10 @@ def draw_timeseries(ax: Axes, panel: Any, results: list[QueryResult], window: Wi
         ax.set_ylim(bottom if panel.min is None else panel.min, top if panel.max is None else max(top, panel.max))
         if panel.max is not None and panel.unit == "percentunit":
             ax.set_ylim(top=panel.max * 1.05)
-        ax.legend(fontsize=7, loc="upper left", framealpha=0.6)
+        if drawn <= MAX_LEGEND_ENTRIES:
+            ax.legend(fontsize=7, loc="upper left", framealpha=0.6)
+        else:  # a legend of every weight version ever served would cover the panel
+            ax.text(0.01, 0.97, f"{drawn} series", transform=ax.transAxes, ha="left", va="top", fontsize=7)
     ax.set_xlim(x[0], x[-1])
     ax.xaxis.set_major_formatter(mdates.DateFormatter("%H:%M"))  # type: ignore[no-untyped-call]
     ax.tick_params(labelsize=7)

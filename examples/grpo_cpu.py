@@ -20,7 +20,7 @@ tokens carry the version that sampled each (``weight_version_spans``). Responses
 versions are *kept* and importance-weighted token by token: each token's logprob is the one its
 own sampling version gave, so the clipped ratio ``exp(logp_now - logp_sampled)`` corrects every
 token against the policy that really sampled it; responses more than ``--max-staleness``
-versions behind are restarted by the partial rollout, never trained on.
+versions behind (default 2, the client's) are restarted by the partial rollout, never trained on.
 
 Every token's version is checked against the push log: it must be a version that was served
 between the moment its prompt was handed to the rollout and the moment the batch came back.
@@ -56,6 +56,7 @@ from tqdm import tqdm
 from transformers import AutoTokenizer
 
 from samrollout_client import AsyncRolloutClient, GroupResult, Sampling
+from samrollout_client.partial import DEFAULT_MAX_STALENESS
 
 BUILTIN_MODEL = Path.home() / ".cache" / "samrollout" / "models" / "smollm2-135m-instruct"
 
@@ -76,7 +77,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-tokens", type=int, default=48)
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--lr", type=float, default=5e-5)
-    p.add_argument("--max-staleness", type=int, default=1, help="async: restart samples more versions behind")
+    p.add_argument("--max-staleness", type=int, default=DEFAULT_MAX_STALENESS,
+                   help=f"async: restart samples more versions behind (default {DEFAULT_MAX_STALENESS}, the client's)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=Path("runs/grpo"), help="folder for the summary, traces and plot")
     return p.parse_args(argv)

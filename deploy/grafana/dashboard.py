@@ -151,7 +151,6 @@ PANELS: list[Panel] = [
         Query(f"1 + sum({_rate(ACCEPTED)}) / sum({_rate(DRAFTS)})", "mean (1 + accepted / drafts)"),
         _quantile(0.5, "samrollout_spec_decode_acceptance_length"),
         _quantile(0.9, "samrollout_spec_decode_acceptance_length"),
-        Query("max(samrollout_speculation_k) + 1", "k + 1 (ceiling)"),
     ), SPECULATION, min=1,
         description="Tokens per verification step, including the bonus token. Quantiles are of each engine "
                     "step's average over its drafts."),
