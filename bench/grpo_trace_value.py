@@ -11,7 +11,7 @@ epoch's responses alone:
 - ``samrollout replay`` with the earlier epochs as history (``--history``), every step drafting
   (``--threshold off``, as a rollout's tail does): MAL of our drafters without history (``sam``:
   own; ``sam-group``: own + siblings) and with it (``sam-history``), and of vLLM's ``suffix``
-  without and with its global cache (``suffix-cache``);
+  without and with its global cache (``suffix-cache``), each at its engine's k and all at k = 8;
 - ``samrollout simulate`` of that epoch's step (H100 table, 64 slots, one instance), once with
   the earlier epochs as history and once without them: the projected makespan per mode.
 
@@ -27,6 +27,7 @@ import gzip
 import json
 import subprocess
 import tempfile
+import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,7 @@ from provenance import ROOT, command_line, git_commit
 COST = ROOT / "service" / "samrollout" / "cost_tables" / "h100-qwen3-8b.json"
 REPLAY_DRAFTERS = "sam,sam-group,sam-history,suffix,suffix-cache"
 SIM_MODES = "off,suffix,samrollout"
+EQUAL_K = 8  # every drafter at one k as well: the engines' own k differ (ours 3 in replay, suffix 24)
 
 
 def parse_args() -> argparse.Namespace:
@@ -74,11 +76,12 @@ def samrollout(*args: str) -> dict[str, Any]:
         return result
 
 
-def replay_epoch(with_history: Path, history: int) -> dict[str, dict[str, float]]:
-    """MAL per drafter (all and clean responses) of the epoch after ``history`` earlier responses per prompt."""
+def replay_epoch(with_history: Path, history: int, k: int | None = None) -> dict[str, dict[str, float]]:
+    """MAL per drafter (all and clean responses) of the epoch after ``history`` earlier responses per prompt; each
+    drafter at its engine's k, or all at ``k``."""
     result = samrollout("replay", "--traces", str(with_history), "--history", str(history), "--threshold", "off",
                         "--responses", "both", "--drafters", REPLAY_DRAFTERS, "--oracle-sources", "",
-                        "--long-context", "")
+                        "--long-context", "", *(["--k", str(k)] if k else []))
     return {run["responses"]: {row["drafter"]: row["mean_acceptance_length"] for row in run["drafters"]}
             for run in result["runs"]}
 
@@ -95,7 +98,9 @@ def per_epoch(epochs: dict[int, list[dict[str, Any]]], work: Path) -> list[dict[
     rows = []
     ordered = sorted(epochs)
     for e in ordered[1:]:
-        earlier = [line for k in ordered if k < e for line in epochs[k]]
+        # The history is every earlier response, clean or not (as a server's is): marked clean here so that
+        # --responses clean, which filters before --history counts, still finds 8 per prompt per epoch.
+        earlier = [{**line, "meta": {**line["meta"], "finished": True}} for k in ordered if k < e for line in epochs[k]]
         history = len(earlier) // len({line["prompt_id"] for line in epochs[e]})
         both = write(earlier + epochs[e], work / f"epochs-to-{e}.jsonl.gz")
         alone = write(epochs[e], work / f"epoch-{e}.jsonl.gz")
@@ -103,12 +108,13 @@ def per_epoch(epochs: dict[int, list[dict[str, Any]]], work: Path) -> list[dict[
         rows.append({"epoch": e, "history_responses_per_prompt": history,
                      "mean_reward": sum(rewards) / len(rewards),
                      "mean_length": sum(len(line["response_ids"]) for line in epochs[e]) / len(epochs[e]),
-                     "mal": replay_epoch(both, history),
+                     "mal": replay_epoch(both, history), f"mal_k{EQUAL_K}": replay_epoch(both, history, EQUAL_K),
                      "makespan_with_history": simulate_epoch(both, history),
                      "makespan_without_history": simulate_epoch(alone, 0)})
         row = rows[-1]
         print(f"epoch {e}: reward {row['mean_reward']:.3f}; MAL (all) "
               + ", ".join(f"{k} {v:.3f}" for k, v in row["mal"]["all"].items())
+              + f"; at k={EQUAL_K}: " + ", ".join(f"{k} {v:.3f}" for k, v in row[f"mal_k{EQUAL_K}"]["all"].items())
               + "; makespan (all) with / without history: " + ", ".join(
                   f"{mode} {row['makespan_with_history']['all'][mode]:.3f} / "
                   f"{row['makespan_without_history']['all'][mode]:.3f} s" for mode in SIM_MODES.split(",")),
@@ -143,7 +149,8 @@ def main() -> None:
             print(f"simulate-rl {responses:5s} {mode:24s} " + "  ".join(
                 f"{name}: {v['steady_tokens_per_s']:.1f} tok/s, hit {v['history_hit']}" for name, v in
                 by_placement.items()))
-    payload = {"command": command_line("grpo_trace_value.py"), "commit": commit, "traces": str(args.traces),
+    payload = {"command": command_line("grpo_trace_value.py"), "commit": commit,
+               "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "traces": str(args.traces),
                "epochs": sorted(epochs), "per_epoch": rows, "placement_2_instances": placed}
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(payload, indent=1) + "\n")
@@ -153,7 +160,7 @@ def main() -> None:
 
 
 def plot(rows: list[dict[str, Any]], out: Path) -> None:
-    """MAL per epoch by drafter (all responses), beside the epoch's mean reward."""
+    """MAL per epoch by drafter (all responses, every drafter at k = EQUAL_K), beside the epoch's mean reward."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -161,8 +168,8 @@ def plot(rows: list[dict[str, Any]], out: Path) -> None:
     fig, ax = plt.subplots(figsize=(7, 4))
     x = [row["epoch"] for row in rows]
     for drafter in REPLAY_DRAFTERS.split(","):
-        ax.plot(x, [row["mal"]["all"][drafter] for row in rows], marker="o", label=drafter)
-    ax.set(xlabel="epoch", ylabel="MAL (every step drafts)", title="Acceptance as the policy trains")
+        ax.plot(x, [row[f"mal_k{EQUAL_K}"]["all"][drafter] for row in rows], marker="o", label=drafter)
+    ax.set(xlabel="epoch", ylabel=f"MAL (every step drafts, k = {EQUAL_K})", title="Acceptance as the policy trains")
     twin = ax.twinx()
     twin.plot(x, [row["mean_reward"] for row in rows], color="grey", linestyle="--", label="mean reward")
     twin.set_ylabel("mean reward")
