@@ -53,14 +53,10 @@ def parse_args() -> argparse.Namespace:
 
 def start_servers(count: int, api_key: str, work: Path) -> list[Any]:
     """``count`` servers of the built-in model at their defaults; two name each other as weight peers."""
-    from samrollout.testing import free_port, launch_server
+    from samrollout.testing import launch_peered_servers
 
-    ports = [free_port() for _ in range(count)]
-    launched = []
-    for index, port in enumerate(ports):
-        peers = ",".join(f"http://127.0.0.1:{p}" for p in ports if p != port)
-        args = ["--api-key", api_key, "--log-level", "warning", *(["--weight-peers", peers] if peers else [])]
-        launched.append(launch_server(args, work / f"server-{index}.log", port=port))
+    launched = launch_peered_servers(count, ["--api-key", api_key, "--log-level", "warning"],
+                                     [work / f"server-{index}.log" for index in range(count)])
     return [server.ready() for server in launched]
 
 

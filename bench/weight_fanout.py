@@ -186,7 +186,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from samrollout.models import ensure_smollm2
-    from samrollout.testing import free_port, launch_server
+    from samrollout.testing import launch_peered_servers
     from samrollout_client import RolloutClient
 
     model_dir = ensure_smollm2()
@@ -195,14 +195,9 @@ def main() -> None:
         if len(args.link_mb_s) != 1:
             parser.error("--scale takes one --link-mb-s")
         args.servers = max(args.scale)
-    ports = [free_port() for _ in range(args.servers)]
-    servers = []
-    for i, port in enumerate(ports):
-        peers = ",".join(f"http://127.0.0.1:{p}" for p in ports if p != port)
-        log = Path(f"/tmp/samrollout-weight-fanout-{i}.log")
-        servers.append(launch_server(["--served-model-name", "bench", "--max-model-len", "1024",
-                                      "--gpu-memory-utilization", "0.1", "--log-level", "warning",
-                                      "--weight-peers", peers], log, port=port))
+    servers = launch_peered_servers(args.servers, ["--served-model-name", "bench", "--max-model-len", "1024",
+                                                   "--gpu-memory-utilization", "0.1", "--log-level", "warning"],
+                                    [Path(f"/tmp/samrollout-weight-fanout-{i}.log") for i in range(args.servers)])
     print(f"starting {args.servers} servers (logs: /tmp/samrollout-weight-fanout-*.log) ...", file=sys.stderr,
           flush=True)
     rounds: dict[str, dict[str, list[dict[str, Any]]]] = {}

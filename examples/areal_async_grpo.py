@@ -28,7 +28,6 @@ import argparse
 import os
 import random
 import shutil
-import statistics
 import tempfile
 import time
 from itertools import groupby
@@ -40,6 +39,7 @@ from areal.api.io_struct import WeightUpdateMeta
 from areal.engine.vllm_remote import RemotevLLMEngine
 from areal.utils import name_resolve, names
 from areal.workflow import RLVRWorkflow
+from grpo_loop import advantages
 from math_reward import correct
 from transformers import AutoTokenizer
 
@@ -62,12 +62,6 @@ def reward(prompt: str, completions: str, prompt_ids: list[int], completion_ids:
     """1.0 if the response's final answer is the right one (`math_reward.final_answer`: "21 * 8 equals 168."
     answers 168), else 0.0 (AReaL calls it in a process pool: module level)."""
     return 1.0 if correct(completions, answer) else 0.0
-
-
-def grpo_advantages(rewards: list[float], eps: float = 1e-6) -> list[float]:
-    """GRPO's group-normalised advantages."""
-    mean, std = statistics.fmean(rewards), statistics.pstdev(rewards)
-    return [(value - mean) / (std + eps) for value in rewards]
 
 
 def version_runs(versions: list[int]) -> str:
@@ -130,7 +124,7 @@ def run(args: argparse.Namespace) -> None:
                   f"{engine.get_version()})")
             for group in batch:
                 rewards = group["rewards"].tolist()
-                for row, advantage in enumerate(grpo_advantages(rewards)):
+                for row, advantage in enumerate(advantages(rewards)):
                     mask = group["loss_mask"][row].bool()
                     tokens = group["input_ids"][row][mask].tolist()
                     versions = group["versions"][row][mask].tolist()

@@ -106,6 +106,7 @@ class Run:
         self.curriculum = Curriculum(self.tokenizer, args.prompts, args.seed)
         self.pushes = PushLog(start_version)
         self.steps: list[StepRecord] = []
+        self.rollout_stats: dict[str, Any] | None = None  # the partial rollout's counters (async)
         self.started_at = time.time()
         self.traces: list[dict[str, Any]] = []
         self.sampling = Sampling(max_tokens=args.max_tokens, temperature=args.temperature, logprobs=0)
@@ -178,7 +179,7 @@ class Run:
                 "last5_mean_reward": statistics.fmean(r.mean_reward for r in last),
                 "reward_gain_se": _gain_se(first, last),
                 "wrong_version_tokens": sum(r.wrong_version_tokens for r in self.steps),
-                "rollout": getattr(self, "rollout_stats", None),
+                "rollout": self.rollout_stats,
                 "steps": [vars(r) for r in self.steps]}
 
 

@@ -14,7 +14,6 @@ checkpoint's tensor names, shapes and dtypes.
 from __future__ import annotations
 
 import math
-import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,12 +44,6 @@ class StepStats:
     tokens: int
     clipped_share: float
     mean_ratio: float
-
-
-def group_advantages(rewards: Sequence[float], eps: float = 1e-6) -> list[float]:
-    """GRPO's group-normalised advantages: (r - mean) / (std + eps) within one group (all 0 when all rewards tie)."""
-    mean, std = statistics.fmean(rewards), statistics.pstdev(rewards)
-    return [(value - mean) / (std + eps) for value in rewards]
 
 
 def weight_distance(first: dict[str, torch.Tensor], second: dict[str, torch.Tensor]) -> float:

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from grpo_policy import ScoredSample, group_advantages
+from grpo_loop import advantages
+from grpo_policy import ScoredSample
 from math_reward import arithmetic_reward, correct
 
 from samrollout_client import GroupResult, Sample, WeightPush
@@ -96,7 +97,7 @@ def score_batch(batch: Sequence[GroupResult], indices: Sequence[int], curriculum
                                            tokens=len(s.token_ids)) for s in group.samples]
         rewards.append(group_rewards)
         correctness += [float(correct(s.text, answer)) for s in group.samples]
-        for sample, advantage in zip(group.samples, group_advantages(group_rewards), strict=True):
+        for sample, advantage in zip(group.samples, advantages(group_rewards), strict=True):
             scored.append(ScoredSample(sample.prompt_token_ids or [], sample.token_ids,
                                        sample.logprobs or [None] * len(sample.token_ids), advantage))
     return scored, rewards, correctness

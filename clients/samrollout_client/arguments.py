@@ -9,11 +9,11 @@ name go under ``extra``.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, get_args
+from typing import Any
 
 from pydantic import ValidationError
 
-from samrollout_client.types import InFlight, Prompt, Sampling, is_prompt
+from samrollout_client.types import IN_FLIGHT_MODES, Prompt, Sampling, is_prompt
 
 SamplingLike = Sampling | Mapping[str, Any] | None
 """What ``sampling=`` takes: a `Sampling`, a mapping of its fields (OpenAI's spelling), or None (the defaults)."""
@@ -79,8 +79,8 @@ def check_optional_text(name: str, value: object) -> None:
 
 
 def check_update(version: object, in_flight: object) -> None:
-    """A weight update's ``version`` (a non-empty string) and ``in_flight`` (one of `InFlight`)."""
+    """A weight update's ``version`` (a non-empty string) and ``in_flight`` (one of `IN_FLIGHT_MODES`)."""
     if not isinstance(version, str) or not version:
         raise TypeError(f"version must be a non-empty string, got {version!r}")
-    if in_flight not in get_args(InFlight):
-        raise ValueError(f"in_flight must be one of {get_args(InFlight)}, got {in_flight!r}")
+    if in_flight not in IN_FLIGHT_MODES:
+        raise ValueError(f"in_flight must be one of {IN_FLIGHT_MODES}, got {in_flight!r}")

@@ -130,6 +130,18 @@ def start_command(command: Callable[[int], list[str]], log: Path, env: dict[str,
     return launch_command(command, log, env, ready_path).ready()
 
 
+def launch_peered_servers(count: int, args: list[str], logs: list[Path],
+                          env: dict[str, str] | None = None) -> list[ServerProcess]:
+    """Start ``count`` servers (`launch_server`, not yet ready), each naming all the others in ``--weight-peers``
+    (none with one server): relayed weight pushes. ``logs[i]`` receives server i's output."""
+    ports = [free_port() for _ in range(count)]
+    launched = []
+    for port, log in zip(ports, logs, strict=True):
+        peers = ",".join(f"http://127.0.0.1:{p}" for p in ports if p != port)
+        launched.append(launch_server([*args, *(["--weight-peers", peers] if peers else [])], log, env, port=port))
+    return launched
+
+
 def launch_command(command: Callable[[int], list[str]], log: Path, env: dict[str, str] | None = None,
                    ready_path: str = "/health", port: int | None = None) -> ServerProcess:
     """Start the HTTP server ``command(port)`` (a free one unless given) and return at once; `ServerProcess.ready`
