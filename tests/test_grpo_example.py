@@ -4,6 +4,7 @@ the one served when it was sampled."""
 from __future__ import annotations
 
 import gzip
+import itertools
 import json
 import math
 import sys
@@ -51,8 +52,10 @@ def test_two_grpo_steps_train_push_and_keep_every_tokens_version(restored_server
                                                                   tiny_dir: Path, tmp_path: Path, mode: str,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     # The tiny random model never answers right: every reward would be 0 and no gradient flow. A stand-in
-    # reward that differs between siblings (the arithmetic reward has its own tests) gives GRPO a signal.
-    monkeypatch.setattr(grpo_rollouts, "arithmetic_reward", lambda text, answer, **_: float(len(set(text)) % 2))
+    # reward that alternates 1, 0, 1, ... gives every group of 4 siblings two of each, so every step has a
+    # gradient (a reward read from the text can tie a whole step's groups; the arithmetic reward has its own tests).
+    calls = itertools.count()
+    monkeypatch.setattr(grpo_rollouts, "arithmetic_reward", lambda text, answer, **_: float(next(calls) % 2 == 0))
     servers = restored_servers if mode == "sync" else restored_servers[:1]  # sync: two servers, the push relayed
     summary = run_example(servers, tiny_dir, tmp_path, mode)
     steps = summary["steps"]
