@@ -84,8 +84,10 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from samrollout_client.rollout_rules import LOOP_MODES, update_mode
+
 HERE = Path(__file__).resolve().parent
-MODES = ("sync-wait", "sync-abort", "async-continue", "async-continue-keep-kv")
+MODES = LOOP_MODES
 # An async mode with its own max_staleness, e.g. async-continue-s2 or async-continue-keep-kv-s2.
 BOUNDED = re.compile(r"^(async-continue(?:-keep-kv)?)-s(\d+)$")
 
@@ -95,7 +97,8 @@ def mode_runner(mode: str, args: argparse.Namespace) -> tuple[str, argparse.Name
     ``continue-keep-kv``) and for ``...-sK`` max_staleness K."""
     bound = BOUNDED.match(mode)
     base = bound.group(1) if bound else mode
-    changes: dict[str, Any] = {"in_flight": "continue-keep-kv" if base.endswith("-keep-kv") else "continue"}
+    kv = "keep" if base.endswith("-keep-kv") else "recompute"
+    changes: dict[str, Any] = {"in_flight": update_mode("async-continue", kv)}
     if bound:
         changes["max_staleness"] = int(bound.group(2))
     runner = "async-continue" if base.startswith("async-continue") else base

@@ -522,7 +522,7 @@ def placement_of(mode: str, history: Any, groups: int, group_size: int, step: li
     ``step`` (the round's arrival order) and ``urls`` are what affine placement hashes and places in.
     """
     from samrollout_client.placement import place_by_predicted_work, plan_affine
-    from samrollout_client.prompt_identity import prompt_id
+    from samrollout_client.protocol.prompt_identity import prompt_id
 
     if mode == "2x-affine":  # as the client's generate: the lengths of earlier rounds weigh the groups
         assert step is not None and urls is not None

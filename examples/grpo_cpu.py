@@ -56,7 +56,7 @@ from tqdm import tqdm
 from transformers import AutoTokenizer
 
 from samrollout_client import AsyncRolloutClient, GroupResult, Sampling
-from samrollout_client.partial import DEFAULT_MAX_STALENESS
+from samrollout_client.rollout_rules import DEFAULT_MAX_STALENESS
 
 BUILTIN_MODEL = Path.home() / ".cache" / "samrollout" / "models" / "smollm2-135m-instruct"
 

@@ -24,7 +24,7 @@ from samrollout_client.placement import (
     rendezvous_weight,
     work_shares,
 )
-from samrollout_client.prompt_identity import prompt_id
+from samrollout_client.protocol.prompt_identity import prompt_id
 
 PROMPTS = [prompt_id(f"Question {i}: what is {i} * 7?") for i in range(1000)]
 

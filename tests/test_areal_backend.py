@@ -43,7 +43,7 @@ from samrollout.testing import ServerProcess
 from samrollout_client.areal import SamrolloutEngine
 from samrollout_client.areal.backend import token_versions
 from samrollout_client.placement import rendezvous_ranking
-from samrollout_client.prompt_identity import prompt_id
+from samrollout_client.protocol.prompt_identity import prompt_id
 from support.frozen_engine import freeze, in_flight_at_least, step, until
 
 RESPONSE_TOKENS = 40

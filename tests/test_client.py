@@ -19,7 +19,7 @@ from conftest import API_KEY, admin_status
 from samrollout.testing import ServerProcess, free_port
 from samrollout_client import AsyncRolloutClient, GroupResult, RolloutClient, RolloutFailed, Sample, Sampling
 from samrollout_client.placement import rendezvous_ranking
-from samrollout_client.prompt_identity import prompt_id
+from samrollout_client.protocol.prompt_identity import prompt_id
 from support.frozen_engine import frozen, in_flight_at_least, rollout_in_flight, step_until, until
 from support.weight_swap import swapping_weights
 
@@ -250,7 +250,7 @@ def test_a_prompt_has_one_identity_in_the_client_and_the_server() -> None:
 
     from samrollout.server.length_predictor import prompt_key
     from samrollout_client.placement import LengthHistory
-    from samrollout_client.prompt_identity import prompt_id, token_bytes
+    from samrollout_client.protocol.prompt_identity import prompt_id, token_bytes
     from samrollout_client.verl.sampling import group_key
 
     ids = [151644, 8948, 198, 0, 2**31 - 1, 2**32 - 1]
@@ -272,7 +272,7 @@ def test_a_prompt_has_one_identity_in_the_client_and_the_server() -> None:
 
 
 def test_the_server_distribution_depends_on_this_client_at_its_version() -> None:
-    """The server imports samrollout_client.prompt_identity, so it declares the client, which installs with it."""
+    """The server imports samrollout_client.protocol, so it declares the client, which installs with it."""
     import tomllib
 
     server = tomllib.loads((CLIENTS.parent / "pyproject.toml").read_text())["project"]

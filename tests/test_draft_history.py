@@ -18,7 +18,7 @@ from samrollout.server.settings import ServerSettings
 from samrollout.spec_decode.session import DraftSession, SessionSettings, StepRow
 from samrollout.spec_decode.stats import HistoryStats, ProposerStats
 from samrollout.testing import ServerProcess
-from samrollout_client.prompt_identity import prompt_digest
+from samrollout_client.protocol.prompt_identity import prompt_digest
 
 VOCAB = 1000
 PROMPT = [11, 12, 13, 14]

@@ -73,3 +73,57 @@ def test_the_client_never_imports_the_server() -> None:
     offending = {module: sorted(t for t in targets if t.split(".")[0] == "samrollout")
                  for module, targets in graph.items() if module.startswith("samrollout_client")}
     assert not {module: targets for module, targets in offending.items() if targets}
+
+
+# What the service may import from the client: the wire protocol everywhere; the simulator also follows the
+# client's own rules (placement, the partial rollout's), so that a projection runs the rules the trainer runs.
+PROTOCOL = "samrollout_client.protocol"
+SIMULATOR_RULES = ("samrollout_client.placement", "samrollout_client.rollout_rules")
+# Client modules whose every import is the standard library or another module of this list: the server's
+# dependency on them pulls in nothing of the client's machinery (no httpx, no pydantic).
+STANDARD_LIBRARY_ONLY = (PROTOCOL, *SIMULATOR_RULES)
+
+
+def _within(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def test_the_service_imports_only_the_clients_protocol_and_the_simulator_its_rules() -> None:
+    graph = _graph()
+    offending = {}
+    for module, targets in graph.items():
+        if not module.startswith("samrollout."):
+            continue
+        allowed = (PROTOCOL, *SIMULATOR_RULES) if _within(module, "samrollout.sim") else (PROTOCOL,)
+        bad = sorted(t for t in targets if t.split(".")[0] == "samrollout_client"
+                     and not any(_within(t, a) for a in allowed))
+        if bad:
+            offending[module] = bad
+    assert not offending
+
+
+def test_the_protocol_and_the_rules_import_only_the_standard_library_and_each_other() -> None:
+    import sys
+
+    for package, root in PACKAGES.items():
+        for path in root.rglob("*.py"):
+            module = _module_name(package, root, path)
+            if not any(_within(module, allowed) for allowed in STANDARD_LIBRARY_ONLY):
+                continue
+            for node in ast.walk(ast.parse(path.read_text())):
+                names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                         else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+                for name in names:
+                    top = name.split(".")[0]
+                    assert (top in sys.stdlib_module_names or top == "__future__"
+                            or any(_within(name, allowed) for allowed in STANDARD_LIBRARY_ONLY)), (module, name)
+
+
+def test_the_partial_rollout_and_the_simulator_share_one_set_of_rules() -> None:
+    """The client's partial rollout and the simulator's import one rules module, and neither writes its own
+    staleness default."""
+    graph = _graph()
+    assert "samrollout_client.rollout_rules" in graph["samrollout_client.partial"]
+    assert "samrollout_client.rollout_rules" in graph["samrollout.sim.rl_loop"]
+    for path in (PACKAGES["samrollout_client"] / "partial.py", PACKAGES["samrollout"] / "sim" / "rl_loop.py"):
+        assert "DEFAULT_MAX_STALENESS =" not in path.read_text()

@@ -26,8 +26,8 @@ from samrollout.server.settings import parse_peer_urls
 from samrollout.server.weight_relay import parse_relay_header
 from samrollout.testing import ServerProcess
 from samrollout_client import RolloutClient, SamrolloutError
+from samrollout_client.protocol.weight_uploads import MAX_RELAY_HOPS, RELAY_HEADER
 from samrollout_client.weight_push import relay_chains
-from samrollout_client.weights import MAX_RELAY_HOPS, RELAY_HEADER
 from support.weight_swap import WeightSwapper, greedy, open_uploads, server_id, swapped_pair
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}

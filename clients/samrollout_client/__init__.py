@@ -10,10 +10,10 @@
 from samrollout_client.client import AsyncRolloutClient
 from samrollout_client.errors import NoEndpointAvailable, RequestRejected, RolloutFailed, SamrolloutError
 from samrollout_client.partial import PartialRollout
+from samrollout_client.protocol.modes import InFlight
 from samrollout_client.sync import RolloutClient, SyncPartialRollout
 from samrollout_client.types import (
     GroupResult,
-    InFlight,
     PartialRolloutStats,
     RolloutReport,
     Sample,

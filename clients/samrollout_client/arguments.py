@@ -13,7 +13,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from samrollout_client.types import IN_FLIGHT_MODES, Prompt, Sampling, is_prompt
+from samrollout_client.protocol.modes import IN_FLIGHT_MODES
+from samrollout_client.types import Prompt, Sampling, is_prompt
 
 SamplingLike = Sampling | Mapping[str, Any] | None
 """What ``sampling=`` takes: a `Sampling`, a mapping of its fields (OpenAI's spelling), or None (the defaults)."""

@@ -57,7 +57,7 @@ from samrollout_client.divided import (
 )
 from samrollout_client.endpoints import Endpoint, EndpointPool, least_outstanding
 from samrollout_client.errors import NoEndpointAvailable, RequestRejected, RolloutFailed, SamrolloutError
-from samrollout_client.partial import DEFAULT_MAX_STALENESS, PartialRollout
+from samrollout_client.partial import PartialRollout
 from samrollout_client.placement import (
     DEFAULT_PLACEMENT,
     PLACEMENTS,
@@ -68,14 +68,14 @@ from samrollout_client.placement import (
     plan_affine,
 )
 from samrollout_client.progress import RolloutProgress
-from samrollout_client.prompt_identity import prompt_id
+from samrollout_client.protocol.modes import InFlight, PauseMode
+from samrollout_client.protocol.prompt_identity import prompt_id
 from samrollout_client.report import combine_summaries
+from samrollout_client.rollout_rules import DEFAULT_MAX_STALENESS
 from samrollout_client.spans import parse_spans
 from samrollout_client.transport import RETRYABLE_ERRORS, Busy, Retryable, Transport, check_status
 from samrollout_client.types import (
     GroupResult,
-    InFlight,
-    PauseMode,
     Prompt,
     RolloutReport,
     Sample,
@@ -238,7 +238,7 @@ class AsyncRolloutClient:
         whenever a group is returned or given up, and `PartialRollout.next_batch` returns the
         first ``batch_groups`` groups to complete, the stalest first.  Push new weights with
         ``in_flight="continue"`` so the samples still generating go on under them.
-        ``max_staleness`` (default 2, `partial.DEFAULT_MAX_STALENESS`; None: no bound) is the most
+        ``max_staleness`` (default 2, `rollout_rules.DEFAULT_MAX_STALENESS`; None: no bound) is the most
         versions a returned sample's oldest token may lag behind the newest (`Sample.staleness`); a
         finished sample past it is sent again from its prompt (``on_stale="restart"``) or its group
         is given up (``"drop"``).  Use as ``async with client.partial_rollout(...) as rollout:``.

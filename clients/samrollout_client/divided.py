@@ -60,18 +60,10 @@ from typing import Any
 import httpx
 
 from samrollout_client.endpoints import Endpoint
+from samrollout_client.rollout_rules import MAX_MOVES, MOVE_MARGIN
 from samrollout_client.spans import join_spans, parse_spans
 from samrollout_client.types import Sample, SamplePiece, Sampling, SpecStats, WeightVersionSpan
 
-MOVE_MARGIN = 2
-"""With nothing waiting on either side, a sample moves only if its endpoint streams this many more requests.
-
-Two is the smallest margin that cannot bounce: after the move the target streams at most
-as many as the source, so the sample has no reason to move back.
-"""
-
-MAX_MOVES = 4
-"""Moves for load per sample, at most (continuations after a failure are not bounded by it)."""
 
 # Extra body fields whose meaning changes when generated tokens become prompt tokens.
 _REFUSED_EXTRA = {

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from samrollout_client.protocol.weight_uploads import error_text
+
 if TYPE_CHECKING:
     import httpx
 
@@ -12,10 +14,7 @@ if TYPE_CHECKING:
 
 def error_message(reply: httpx.Response, limit: int = 200) -> str:
     """The message of a server's OpenAI-style error reply, or the start of its body when it has none."""
-    try:
-        return str(reply.json()["error"]["message"])
-    except (ValueError, KeyError, TypeError):
-        return reply.text[:limit]
+    return error_text(reply.text, limit)
 
 
 class SamrolloutError(Exception):

@@ -23,7 +23,7 @@ started, each version its own `update_weights` / `push_weights` loaded, and vers
 in responses, newest last).  A sample's staleness is how many versions its oldest token lags
 behind the newest (`Sample.staleness`): 0 if the newest weights sampled all of it; a sample
 whose tokens span k versions has staleness at least k - 1.  With ``max_staleness`` (default
-`DEFAULT_MAX_STALENESS`, 2; None: no bound), a finished sample past it is never returned:
+`rollout_rules.DEFAULT_MAX_STALENESS`, 2; None: no bound), a finished sample past it is never returned:
 ``on_stale="restart"`` (the default) sends it again from its prompt under the newest weights
 (its group waits for it), ``on_stale="drop"`` gives up its whole group (its requests still
 running are cancelled) and starts the next prompt instead.  Finished samples are judged when
@@ -56,6 +56,13 @@ from samrollout_client.arguments import (
     check_prompt_stream,
 )
 from samrollout_client.errors import RolloutFailed, SamrolloutError
+from samrollout_client.rollout_rules import (
+    DEFAULT_MAX_STALENESS,
+    batch_order,
+    concurrent_groups,
+    staleness,
+    too_stale,
+)
 from samrollout_client.types import (
     GroupResult,
     PartialRolloutStats,
@@ -131,14 +138,6 @@ class _Group:
         return all(s is not None for s in self.slots)
 
 
-DEFAULT_MAX_STALENESS = 2
-"""The default ``max_staleness``: the most versions a returned sample's oldest token may lag the newest.  With
-two batches of groups in flight (the default), samples lag at most 2 nearly always; on bench/async_rollout.py
-(bench/results/async-rollout-staleness-cpu.json) a bound of 2 cost nothing (1.48 samples/s against 1.46 unbounded,
-no token discarded) while a bound of 1 cost 8% (1.35, 8,891 tokens discarded).  It keeps a looping response from
-reaching the trainer many versions late; ``None`` sets no bound."""
-
-
 class PartialRollout:
     """A stream of GRPO batches over a prompt iterable, unfinished samples carried into the next step.
 
@@ -159,9 +158,7 @@ class PartialRollout:
             check_count("max_staleness (None: no bound)", max_staleness, minimum=0)
         if on_stale not in STALE_POLICIES:
             raise ValueError(f"on_stale must be one of {STALE_POLICIES}, got {on_stale!r}")
-        concurrent = 2 * batch_groups if max_concurrent_groups is None else max_concurrent_groups
-        if concurrent < batch_groups:
-            raise ValueError(f"max_concurrent_groups ({concurrent}) must be at least batch_groups ({batch_groups})")
+        concurrent = concurrent_groups(batch_groups, max_concurrent_groups)
         self.sampling = as_sampling(sampling)
         if client.divide_after_tokens is not None:
             from samrollout_client.divided import check_divisible
@@ -288,7 +285,7 @@ class PartialRollout:
                 await asyncio.wait_for(self._changed.wait(), remaining)
             except TimeoutError:
                 continue
-        ready.sort(key=lambda g: (-self._staleness(g), g.result.index))
+        ready = batch_order(ready, self._staleness, lambda g: g.result.index)
         batch: list[GroupResult] = []
         for group in ready[:want]:
             samples = [s for s in group.slots if s is not None]
@@ -428,7 +425,7 @@ class PartialRollout:
         if not versions:
             return 0
         position = self._positions(versions)
-        return len(self.versions) - 1 - min(position[v] for v in versions)
+        return staleness(len(self.versions) - 1, min(position[v] for v in versions))
 
     def _staleness(self, group: _Group) -> int:
         """The largest staleness of the group's finished samples."""
@@ -439,7 +436,7 @@ class PartialRollout:
         if self.max_staleness is None or group.over:
             return
         for index, sample in enumerate(group.slots):
-            if sample is None or self._sample_staleness(sample) <= self.max_staleness:
+            if sample is None or not too_stale(self._sample_staleness(sample), self.max_staleness):
                 continue
             if self.on_stale == "drop":
                 self.stats.groups_dropped += 1

@@ -3,7 +3,7 @@
 ``affine`` (the default) sends a prompt to the same endpoint every step, so that the
 server finds its earlier responses in its cross-epoch draft history and its length
 history (each server keeps its own): rendezvous (highest-random-weight) hashing of the
-prompt's identity (`samrollout_client.prompt_identity`, what the server keys its history
+prompt's identity (`samrollout_client.protocol.prompt_identity`, what the server keys its history
 by) with bounded loads.  Endpoints are ranked by a stable hash of (prompt identity,
 endpoint); the group goes to the highest-ranked endpoint that is up and would stay within
 `AFFINE_LOAD_FACTOR` (1.25) times its share of the requests in flight, this group
@@ -32,7 +32,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Literal
 
-from samrollout_client.prompt_identity import prompt_id
+from samrollout_client.protocol.prompt_identity import prompt_id
 
 Placement = Literal["affine", "least-outstanding", "predicted-work"]
 PLACEMENTS: tuple[Placement, ...] = ("affine", "least-outstanding", "predicted-work")
@@ -53,7 +53,7 @@ _RENDEZVOUS_PERSON = b"samrollout.hrw"
 class LengthHistory:
     """Mean response length per prompt from earlier rollouts, for at most ``max_prompts`` prompts (LRU).
 
-    Prompts are told apart by their identity (`samrollout_client.prompt_identity`): a prompt given as text
+    Prompts are told apart by their identity (`samrollout_client.protocol.prompt_identity`): a prompt given as text
     and the same prompt given as token ids are two prompts here.
     """
 

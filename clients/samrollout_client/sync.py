@@ -9,12 +9,12 @@ from typing import Any, Literal, TypeVar
 
 from samrollout_client.arguments import SamplingLike
 from samrollout_client.client import AsyncRolloutClient
-from samrollout_client.partial import DEFAULT_MAX_STALENESS, PartialRollout
+from samrollout_client.partial import PartialRollout
+from samrollout_client.protocol.modes import InFlight, PauseMode
+from samrollout_client.rollout_rules import DEFAULT_MAX_STALENESS
 from samrollout_client.types import (
     GroupResult,
-    InFlight,
     PartialRolloutStats,
-    PauseMode,
     Prompt,
     RolloutReport,
     StalePolicy,

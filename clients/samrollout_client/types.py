@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Literal, get_args
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -14,22 +14,6 @@ def is_prompt(value: object) -> bool:
     """Whether ``value`` is a prompt the server takes: a string, or a non-empty list of token ids."""
     return isinstance(value, str) or (isinstance(value, list) and bool(value)
                                       and all(isinstance(t, int) for t in value))
-
-InFlight = Literal["wait", "abort", "continue", "continue-keep-kv"]
-"""What a weight update does to requests in flight: finish them on the old weights first (``wait``), end them
-(``abort``: they return what they have, ``finish_reason: "abort"``), or let them go on under the new weights in
-the same response, their tokens then spanning two versions (see `Sample.weight_version_spans`): with their keys
-and values computed again under the new weights (``continue``: exact per-version policies, a prefill of every
-token in flight) or kept as the old weights computed them (``continue-keep-kv``: no recompute; each token is still
-sampled, and its logprob reported, by the forward pass that ran)."""
-IN_FLIGHT_MODES: tuple[InFlight, ...] = get_args(InFlight)
-CONTINUING: tuple[InFlight, ...] = ("continue", "continue-keep-kv")
-"""The update modes in which requests in flight go on under the new weights within their response."""
-
-PauseMode = Literal["keep", "wait", "abort"]
-"""How ``/admin/pause`` holds generation: freeze running requests at a step boundary (``keep``), let them finish
-(``wait``), or end them (``abort``)."""
-PAUSE_MODES: tuple[PauseMode, ...] = get_args(PauseMode)
 
 
 class Sampling(BaseModel):

@@ -26,8 +26,9 @@ import httpx
 
 from samrollout_client.endpoints import Endpoint
 from samrollout_client.errors import SamrolloutError
+from samrollout_client.protocol.modes import InFlight
 from samrollout_client.transport import Transport
-from samrollout_client.types import InFlight, WeightPush
+from samrollout_client.types import WeightPush
 from samrollout_client.versions import VersionTracker
 from samrollout_client.weight_push import (
     StagedWeights,

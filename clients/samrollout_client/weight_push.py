@@ -26,8 +26,17 @@ import httpx
 
 from samrollout_client.endpoints import Endpoint
 from samrollout_client.errors import RequestRejected, SamrolloutError, error_message
+from samrollout_client.protocol.weight_uploads import (
+    MAX_RELAY_HOPS,
+    RELAY_HEADER,
+    SHA256_HEADER,
+    UPLOADS_PATH,
+    chain_confirmations,
+    relay_header,
+    upload_file_url,
+)
 from samrollout_client.transport import Transport, raise_failures
-from samrollout_client.weights import MAX_RELAY_HOPS, RELAY_HEADER, SHA256_HEADER, WeightFile, WeightFiles
+from samrollout_client.weights import WeightFile, WeightFiles
 
 logger = logging.getLogger("samrollout_client")
 
@@ -64,7 +73,7 @@ async def stage_weights(transport: Transport, source: WeightFiles, fan_out: bool
     failure every upload is cancelled and the error names what each endpoint serves (`naming_versions`)."""
     started = time.monotonic()
     endpoints = list(transport.pool.endpoints if endpoints is None else endpoints)
-    opened = await asyncio.gather(*(transport.post(e, "/admin/weight_uploads", None) for e in endpoints),
+    opened = await asyncio.gather(*(transport.post(e, UPLOADS_PATH, None) for e in endpoints),
                                   return_exceptions=True)
     targets = [UploadTarget(e, str(r["upload_id"]), r.get("server_id")) for e, r in zip(endpoints, opened, strict=True)
                if isinstance(r, dict)]
@@ -178,10 +187,10 @@ async def _send_along(transport: Transport, chain: list[UploadTarget], file: Wei
     4xx -> `RequestRejected`, anything else (a relay that failed: 502) -> `SamrolloutError`.
     """
     head = chain[0]
-    url = f"{head.endpoint.url}/admin/weight_uploads/{head.upload_id}/files/{file.name}"
+    url = upload_file_url(head.endpoint.url, head.upload_id, file.name)
     headers = {SHA256_HEADER: file.sha256, "Content-Length": str(file.size), "Content-Type": "application/octet-stream"}
     if len(chain) > 1:
-        headers[RELAY_HEADER] = ",".join(f"{t.server_id}/{t.upload_id}" for t in chain[1:])
+        headers[RELAY_HEADER] = relay_header((str(t.server_id), t.upload_id) for t in chain[1:])
     try:
         reply = await transport.http.put(url, content=file.chunks(), headers=headers)
     except httpx.HTTPError as error:
@@ -197,8 +206,7 @@ async def _send_along(transport: Transport, chain: list[UploadTarget], file: Wei
 
 def _check_copies(chain: list[UploadTarget], file: WeightFile, reply: dict[str, Any]) -> None:
     """`SamrolloutError` unless every server of the chain reports the file's size and SHA-256, in chain order."""
-    copies = [{"server_id": chain[0].server_id, "upload_id": chain[0].upload_id, "bytes": reply.get("bytes"),
-               "sha256": reply.get("sha256")}, *reply.get("relayed", [])]
+    copies = chain_confirmations(chain[0].server_id, chain[0].upload_id, reply)
     expected = [(t.server_id, t.upload_id, file.size, file.sha256) for t in chain]
     found = [(c.get("server_id"), c.get("upload_id"), c.get("bytes"), c.get("sha256")) for c in copies]
     if found != expected:
@@ -209,4 +217,4 @@ def _check_copies(chain: list[UploadTarget], file: WeightFile, reply: dict[str, 
 async def _cancel_upload(transport: Transport, target: UploadTarget) -> None:
     """Cancel an upload (best effort: one that expired or was committed is gone anyway)."""
     with contextlib.suppress(httpx.HTTPError):
-        await transport.http.delete(f"{target.endpoint.url}/admin/weight_uploads/{target.upload_id}", timeout=30.0)
+        await transport.http.delete(f"{target.endpoint.url}{UPLOADS_PATH}/{target.upload_id}", timeout=30.0)

@@ -21,10 +21,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
-SHA256_HEADER = "X-Content-SHA256"  # the hex SHA-256 of the file an upload's PUT sends (the server checks it)
-RELAY_HEADER = "X-Samrollout-Relay"  # an upload's PUT: the servers to pass the file on to, <server_id>/<upload_id>,...
-SERVER_ID_PATTERN = r"[0-9a-f]{16}"  # a server's id (GET /admin/identity), how relays name their hops
-MAX_RELAY_HOPS = 64  # servers one relay header may name: a chain is at most this many servers after the first
 DEFAULT_SHARD_BYTES = 2**30  # tensor bytes per serialised shard of a state dict
 CHUNK_BYTES = 2**20          # bytes per chunk streamed to the server
 HEADER_BYTES_PER_TENSOR = 256  # a generous estimate of one tensor's entry in a safetensors header

@@ -6,7 +6,7 @@ the next one (Seer's observation, across steps instead of within a group).  They
 drafts: verification keeps outputs exact, so the history is kept across weight updates.
 
 The store is keyed by the prompt's identity (its token ids' 128-bit digest,
-`samrollout_client.prompt_identity.prompt_digest`), not by group ids, which trainers often
+`samrollout_client.protocol.prompt_identity.prompt_digest`), not by group ids, which trainers often
 renew every step.  It is bounded twice: at most
 ``responses_per_prompt`` responses per prompt (the newest), and at most ``max_tokens``
 response tokens in all, evicting the least recently used prompts first.

@@ -36,7 +36,7 @@ from areal.infra.remote_inf_engine import RID_CACHE_SIZE, RemoteInfBackendProtoc
 
 from samrollout_client.areal.backend import REPLY_VERSIONS, ReplyVersions, SamrolloutBackend
 from samrollout_client.placement import place_affine
-from samrollout_client.prompt_identity import prompt_id
+from samrollout_client.protocol.prompt_identity import prompt_id
 
 logger = logging.getLogger("samrollout_client.areal")
 WeightTransfer = Literal["path", "push"]
@@ -198,7 +198,7 @@ class SamrolloutInfEngine(RemoteInfEngine):  # type: ignore[misc]  # AReaL ships
         (requests frozen by the pause carry on under them), then delete the directory as AReaL does."""
         from areal.utils import name_resolve, names
 
-        from samrollout_client.areal_checkpoints import areal_version
+        from samrollout_client.protocol.areal_checkpoints import areal_version
         from samrollout_client.sync import RolloutClient
 
         saved = names.update_weights_from_disk(self.config.experiment_name, self.config.trial_name, model_version)

@@ -24,7 +24,7 @@ from cachetools import LRUCache
 from verl.workers.rollout.router import DEFAULT_ROUTING_CACHE_SIZE, GlobalRequestLoadBalancer
 
 from samrollout_client.placement import place_affine
-from samrollout_client.prompt_identity import prompt_id
+from samrollout_client.protocol.prompt_identity import prompt_id
 from samrollout_client.verl.sampling import group_key
 
 

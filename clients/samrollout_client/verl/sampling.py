@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from samrollout_client.prompt_identity import GROUP_KEY_SIZE, prompt_id
+from samrollout_client.protocol.prompt_identity import GROUP_KEY_SIZE, prompt_id
 
 # veRL sampling keys that are not vLLM completion fields, or that we set ourselves.
 _HANDLED = {"max_tokens", "max_new_tokens", "logprobs", "n"}
@@ -43,7 +43,7 @@ def max_new_tokens(prompt_len: int, sampling_params: Mapping[str, Any], budget: 
 def group_key(prompt_ids: Sequence[int]) -> str:
     """A GRPO group's key: the responses to one prompt share its token ids (veRL sends no group id).
 
-    The prompt's identity (`samrollout_client.prompt_identity`) in `GROUP_KEY_SIZE` bytes: the router
+    The prompt's identity (`samrollout_client.protocol.prompt_identity`) in `GROUP_KEY_SIZE` bytes: the router
     (`samrollout_client.verl.router`) and the servers compare these keys across processes.
     """
     return prompt_id(prompt_ids, GROUP_KEY_SIZE)

@@ -31,7 +31,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from samrollout_client.errors import error_message
-from samrollout_client.types import CONTINUING
+from samrollout_client.protocol.modes import CONTINUING
 from samrollout_client.verl.sampling import LengthBudget, completion_body, global_steps, reply_fields
 from samrollout_client.verl.settings import VerlBackendSettings
 

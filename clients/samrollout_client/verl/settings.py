@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from samrollout_client.types import IN_FLIGHT_MODES, InFlight
+from samrollout_client.protocol.modes import IN_FLIGHT_MODES, InFlight
 
 URLS_ENV = "SAMROLLOUT_URLS"
 API_KEY_ENV = "SAMROLLOUT_API_KEY"

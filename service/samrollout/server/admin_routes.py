@@ -23,7 +23,7 @@ from samrollout.server.auth import require_api_key
 from samrollout.server.errors import ApiError
 from samrollout.server.rl_fields import ID_PATTERN
 from samrollout.server.runtime import ServerRuntime
-from samrollout_client.types import InFlight, PauseMode
+from samrollout_client.protocol.modes import InFlight, PauseMode
 
 router = APIRouter(prefix="/admin", dependencies=[Depends(require_api_key)])
 ADMIN_ERRORS: dict[int | str, dict[str, Any]] = {400: {"description": "bad request"}, 401: {"description": "no key"},

@@ -38,8 +38,9 @@ from samrollout.server.auth import require_api_key_or_trainer_port
 from samrollout.server.errors import ApiError
 from samrollout.server.generation_gate import AReaLPause, GenerationGate
 from samrollout.server.runtime import ServerRuntime
-from samrollout_client.areal_checkpoints import areal_version
-from samrollout_client.types import InFlight
+from samrollout.server.update_modes import update_mode
+from samrollout_client.protocol.areal_checkpoints import areal_version
+from samrollout_client.protocol.modes import InFlight
 
 router = APIRouter(dependencies=[Depends(require_api_key_or_trainer_port)], tags=["AReaL"])
 _ERRORS: dict[int | str, dict[str, Any]] = {400: {"description": "bad request"},
@@ -89,7 +90,7 @@ async def pause_generation(request: Request, body: PauseGeneration | None = None
     in_flight = (body or PauseGeneration()).in_flight
     gate.close(in_flight)
     if runtime.sleep_level is None:
-        await runtime.pause("abort" if in_flight == "abort" else "keep", clear_cache=False)
+        await runtime.pause(update_mode(in_flight).pause, clear_cache=False)
     return _done(f"generation paused (requests in flight: {in_flight})", in_flight=in_flight)
 
 

@@ -6,7 +6,7 @@ What a group's length is predicted from, in this order of trust:
 - its finished siblings (mean output length);
 - its running siblings (tokens generated so far: a lower bound on the group's length);
 - earlier rollouts of the same prompt (an LRU table keyed by the prompt's identity,
-  `samrollout_client.prompt_identity`, bounded by ``history_prompts`` entries; kept across
+  `samrollout_client.protocol.prompt_identity`, bounded by ``history_prompts`` entries; kept across
   weight updates, since it only orders requests).
 
 Never from ``max_tokens``: trainers send one cap for every request, so it says nothing.
@@ -18,14 +18,14 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from samrollout_client.prompt_identity import prompt_id
+from samrollout_client.protocol.prompt_identity import prompt_id
 
 # Weight of the newest rollout's group mean in a prompt's remembered length (exponential moving average).
 HISTORY_WEIGHT = 0.5
 
 
 def prompt_key(prompt_token_ids: Sequence[int] | None, fallback: str) -> str:
-    """A prompt's key: its identity (`samrollout_client.prompt_identity.prompt_id` of its token ids), or
+    """A prompt's key: its identity (`samrollout_client.protocol.prompt_identity.prompt_id` of its token ids), or
     ``fallback`` when it has none."""
     if not prompt_token_ids:
         return fallback

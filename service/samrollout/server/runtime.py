@@ -45,6 +45,7 @@ from samrollout.server.length_predictor import LengthPredictor
 from samrollout.server.queue_limit import QueueLimit
 from samrollout.server.scheduled_engine import ScheduledEngineClient, output_tokens_so_far
 from samrollout.server.settings import ServerSettings, parse_peer_urls
+from samrollout.server.update_modes import update_mode
 from samrollout.server.vllm_argv import vllm_argv
 from samrollout.server.weight_epoch import EpochSaltedEngine, WeightEpoch
 from samrollout.server.weight_labels import WeightLabels, labelling_client
@@ -59,17 +60,9 @@ from samrollout.server.weights_check import (
 )
 from samrollout.server.weights_root import WeightsRoot
 from samrollout.spec_decode.stats import ProposerStats
-from samrollout_client.types import CONTINUING, InFlight, PauseMode
+from samrollout_client.protocol.modes import InFlight, PauseMode
 
 logger = logging.getLogger("samrollout.server")
-
-PAUSE_FOR_UPDATE: dict[InFlight, PauseMode] = {
-    "wait": "wait", "abort": "abort",
-    "continue": "keep",          # vLLM's "keep" pause freezes the running requests; they are then preempted
-    "continue-keep-kv": "keep",  # frozen with their KV blocks, which they keep
-}
-"""How generation is paused for a weight update, by what the update does to requests in flight."""
-
 
 def update_cost(version: str, previous: str, in_flight: InFlight, paused_s: float,
                 stopped: dict[tuple[str, int], SequenceProgress]) -> dict[str, Any]:
@@ -77,10 +70,11 @@ def update_cost(version: str, previous: str, in_flight: InFlight, paused_s: floa
     continue requests, how many sequences went on and how many tokens the engine prefills again."""
     cost: dict[str, Any] = {"weight_version": version, "previous_version": previous, "in_flight": in_flight,
                             "paused_s": round(paused_s, 4)}
-    if in_flight in CONTINUING:
+    mode = update_mode(in_flight)
+    if mode.continues:
         carried = continued(stopped)
         cost["continued_requests"] = len(carried)
-        cost["recomputed_tokens"] = recomputed_tokens(stopped) if in_flight == "continue" else 0
+        cost["recomputed_tokens"] = recomputed_tokens(stopped) if mode.preempts else 0
     return cost
 
 
@@ -249,18 +243,19 @@ class ServerRuntime:
         The result (also `last_update`) says what the update cost.
         """
         folder = await self._checked_weights(path, param, allowed)
+        mode = update_mode(in_flight)
         async with self.update_lock:
             old = self.weight_version
             held = time.monotonic()
-            await self.pause(PAUSE_FOR_UPDATE[in_flight], clear_cache=in_flight != "continue-keep-kv")
+            await self.pause(mode.pause, clear_cache=not mode.keeps_kv)
             self.epoch.advance()  # what reaches the engine from now on is computed under the new weights
             stopped: dict[tuple[str, int], SequenceProgress] = {}
             try:
                 stopped = await self._stop_in_flight(in_flight)
-                await self._swap_weights(folder, version, keep_kv=in_flight == "continue-keep-kv")
+                await self._swap_weights(folder, version, keep_kv=mode.keeps_kv)
                 if self.labels is not None:  # spans where the engine keeps no version (weight_labels)
                     self.labels.continued({key: p.output_tokens for key, p in stopped.items()}, old, version)
-                count_continued(stopped, recomputed=in_flight == "continue")
+                count_continued(stopped, recomputed=mode.preempts)
             finally:
                 await self.resume()
                 paused = time.monotonic() - held
@@ -269,7 +264,7 @@ class ServerRuntime:
         self.last_update = {**cost, "at": round(time.time(), 3)}
         logger.info("weights %s -> %s loaded from %s (in-flight: %s; generation held %.3f s%s)", old, version, source,
                     in_flight, paused, f", {cost['continued_requests']} sequences continued"
-                    if in_flight in CONTINUING else "")
+                    if mode.continues else "")
         return cost
 
     async def _stop_in_flight(self, in_flight: InFlight) -> dict[tuple[str, int], SequenceProgress]:
@@ -285,9 +280,10 @@ class ServerRuntime:
         cache) froze.  Sequences still waiting for admission (length-aware scheduling) stay queued
         and simply start on the new weights.
         """
-        if in_flight not in CONTINUING:
+        mode = update_mode(in_flight)
+        if not mode.continues:
             return {}
-        if in_flight == "continue":
+        if mode.preempts:
             await self.engine.reset_prefix_cache(reset_running_requests=True)
         await drain_outputs(self.engine)
         return sequences_in_flight(self.engine, self.inflight.engine_ids())

@@ -21,7 +21,7 @@ from typing import Any
 from samrollout.config import GROUP_FIELD
 from samrollout.server.admission import AdmissionScheduler
 from samrollout.server.length_predictor import prompt_key
-from samrollout_client.prompt_identity import sibling_group
+from samrollout_client.protocol.prompt_identity import sibling_group
 
 
 def output_tokens_so_far(engine: Any, request_id: str) -> int:

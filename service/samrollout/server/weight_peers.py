@@ -34,7 +34,7 @@ import httpx
 
 from samrollout.metrics import definitions as m
 from samrollout.server.errors import ApiError
-from samrollout_client.weights import RELAY_HEADER, SERVER_ID_PATTERN
+from samrollout_client.protocol.weight_uploads import RELAY_HEADER, SERVER_ID_PATTERN
 
 logger = logging.getLogger("samrollout.server")
 

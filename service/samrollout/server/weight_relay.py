@@ -28,8 +28,18 @@ import httpx
 
 from samrollout.server.errors import ApiError
 from samrollout.server.weight_peers import Peer, WeightPeers
-from samrollout_client.errors import error_message
-from samrollout_client.weights import MAX_RELAY_HOPS, RELAY_HEADER, SERVER_ID_PATTERN, SHA256_HEADER
+from samrollout_client.protocol.weight_uploads import (
+    MAX_RELAY_HOPS,
+    RELAY_HEADER,
+    SERVER_ID_PATTERN,
+    SHA256_HEADER,
+    chain_confirmations,
+    error_text,
+    relay_entries,
+    relay_header,
+    relay_hop,
+    upload_file_url,
+)
 
 RELAY_QUEUE_CHUNKS = 16    # chunks received but not yet passed on: the next hop's pace holds the receiving
 _SERVER_ID = re.compile(SERVER_ID_PATTERN)
@@ -43,18 +53,13 @@ class Hop:
     server_id: str
     upload_id: str
 
-    def header_value(self) -> str:
-        """As the relay header spells it."""
-        return f"{self.server_id}/{self.upload_id}"
-
 
 def parse_relay_header(value: str, own_id: str) -> list[Hop]:
     """The hops of an ``X-Samrollout-Relay`` header; ApiError 400 unless they are ``<server_id>/<upload_id>`` pairs
     (at most `MAX_RELAY_HOPS`, none twice, not this server)."""
-    entries = [part.strip() for part in value.split(",") if part.strip()]
     hops = []
-    for entry in entries:
-        server_id, _, upload_id = entry.partition("/")
+    for entry in relay_entries(value):
+        server_id, upload_id = relay_hop(entry)
         if not (_SERVER_ID.fullmatch(server_id) and _UPLOAD_ID.fullmatch(upload_id)):
             raise ApiError(400, f"{RELAY_HEADER}: {entry[:80]!r} is not <server_id>/<upload_id> (a peer's 16-hex "
                            "server id, a 32-hex upload id); peers are named by id, never by address", RELAY_HEADER)
@@ -86,9 +91,9 @@ class Relay:
         if size is not None:
             headers["Content-Length"] = str(size)
         if len(hops) > 1:
-            headers[RELAY_HEADER] = ",".join(hop.header_value() for hop in hops[1:])
+            headers[RELAY_HEADER] = relay_header((hop.server_id, hop.upload_id) for hop in hops[1:])
         self._queue: asyncio.Queue[bytes | None] = asyncio.Queue(RELAY_QUEUE_CHUNKS)
-        target = f"{peer.url}/admin/weight_uploads/{hops[0].upload_id}/files/{name}"
+        target = upload_file_url(peer.url, hops[0].upload_id, name)
         self._sending = asyncio.create_task(http.put(target, content=self._chunks(), headers=headers, **options))
 
     async def _chunks(self) -> AsyncIterator[bytes]:
@@ -125,9 +130,7 @@ class Relay:
             raise self._failure()
         first = self.hops[0]
         body = self._sending.result().json()
-        confirmed = {"server_id": first.server_id, "upload_id": first.upload_id, "bytes": body.get("bytes"),
-                     "sha256": body.get("sha256")}
-        return [confirmed, *body.get("relayed", [])]
+        return chain_confirmations(first.server_id, first.upload_id, body)
 
     def abort(self) -> None:
         """Stop passing the file on (this hop failed): the next hop sees its sender go and stages nothing."""
@@ -150,4 +153,4 @@ class Relay:
         if error is not None:
             return ApiError(502, f"{where} failed: {type(error).__name__}: {error}")
         reply = self._sending.result()
-        return ApiError(502, f"{where} failed: {reply.status_code}: {error_message(reply, 500)}")
+        return ApiError(502, f"{where} failed: {reply.status_code}: {error_text(reply.text, 500)}")

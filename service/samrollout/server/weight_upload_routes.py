@@ -24,8 +24,8 @@ from samrollout.server.auth import require_api_key
 from samrollout.server.errors import ApiError
 from samrollout.server.runtime import ServerRuntime
 from samrollout.server.weight_relay import parse_relay_header, start_relay
-from samrollout_client.types import InFlight
-from samrollout_client.weights import RELAY_HEADER, SHA256_HEADER
+from samrollout_client.protocol.modes import InFlight
+from samrollout_client.protocol.weight_uploads import RELAY_HEADER, SHA256_HEADER
 
 router = APIRouter(prefix="/admin", dependencies=[Depends(require_api_key)])
 

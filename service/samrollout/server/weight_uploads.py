@@ -36,7 +36,7 @@ from typing import Any, BinaryIO
 
 from samrollout.server.errors import ApiError
 from samrollout.server.weights_check import DTYPE_BITS, Layout
-from samrollout_client.weights import SHA256_HEADER
+from samrollout_client.protocol.weight_uploads import SHA256_HEADER
 
 logger = logging.getLogger("samrollout.server")
 

@@ -39,10 +39,9 @@ from samrollout.sim.rl_loop import (
     simulate_loop,
 )
 from samrollout.sim.state import SimSettings
-from samrollout_client.partial import DEFAULT_MAX_STALENESS
+from samrollout_client.rollout_rules import DEFAULT_MAX_STALENESS, LOOP_SHORT_NAMES, concurrent_groups
 
-LOOP_NAMES = {"sync": "sync-wait", "sync-abort": "sync-abort", "async": "async-continue"}
-MODE_PREFIX = {loop: name for name, loop in LOOP_NAMES.items()}
+MODE_PREFIX: dict[str, str] = {loop: name for name, loop in LOOP_SHORT_NAMES.items()}
 DEFAULT_LOOPS = "sync,async"
 DEFAULT_DRAFTERS = "off,suffix,samrollout"
 
@@ -59,7 +58,7 @@ def add_simulate_rl_parser(commands: Any) -> None:
     p.add_argument("--responses", choices=["all", "clean", "both"], default="clean")
     p.add_argument("--max-groups", type=int, help="only the first N groups of each file")
     p.add_argument("--epochs", type=int, default=2, help="each group's responses split into this many epochs")
-    p.add_argument("--loops", default=DEFAULT_LOOPS, help=f"of {', '.join(LOOP_NAMES)} (default {DEFAULT_LOOPS})")
+    p.add_argument("--loops", default=DEFAULT_LOOPS, help=f"of {', '.join(LOOP_SHORT_NAMES)} (default {DEFAULT_LOOPS})")
     p.add_argument("--drafters", default=DEFAULT_DRAFTERS,
                    help=f"modes as `samrollout simulate --modes` names them (default {DEFAULT_DRAFTERS})")
     p.add_argument("--placements", default="affine,least-outstanding", help=f"of {', '.join(SIM_PLACEMENTS)}")
@@ -108,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
         cost = CostTable.load(args.cost)
         device_kind = device_kind_of(args, cost)
         drafters = {m: mode_settings(m, device_kind) for m in _split(args.drafters)}
-        loops = [LOOP_NAMES[name] for name in _split(args.loops)]
+        loops: list[str] = [LOOP_SHORT_NAMES[name] for name in _split(args.loops)]
         placements = _split(args.placements)
         transfers = _split(args.weights)
         for value, allowed, what in ((placements, SIM_PLACEMENTS, "placement"), (transfers, WEIGHT_TRANSFERS,
@@ -118,7 +117,8 @@ def run(args: argparse.Namespace) -> int:
                 raise ValueError(f"unknown {what} {sorted(unknown)}: choose from {', '.join(allowed)}")
         files = {path: load_traces(path, args.tokenizer, args.max_groups) for path in split_paths(args.traces)}
     except KeyError as error:
-        print(f"samrollout simulate-rl: unknown loop {error}: choose from {', '.join(LOOP_NAMES)}", file=sys.stderr)
+        print(f"samrollout simulate-rl: unknown loop {error}: choose from {', '.join(LOOP_SHORT_NAMES)}",
+              file=sys.stderr)
         return 2
     except (TraceError, ValueError, OSError) as error:
         print(f"samrollout simulate-rl: {error}", file=sys.stderr)
@@ -241,7 +241,7 @@ def project(args: argparse.Namespace, shape: dict[str, Any], stream: list[LoopGr
                 modes = {name: report for (p, r, b, name), report in reports.items()
                          if p == placement and r == ratio and (b == bound or not name.startswith("async"))}
                 projection = {**shape, "placement": placement, "batch_groups": batch,
-                              "max_concurrent_groups": args.max_concurrent_groups or 2 * batch,
+                              "max_concurrent_groups": concurrent_groups(batch, args.max_concurrent_groups or None),
                               "train_ratio": ratio, "train_s": train_s, "train_reference":
                               f"sync + off (fcfs), {placements[0]} placement: {sync_off_s:.1f} s per step's rollout",
                               "sync_off_rollout_s": sync_off_s, "staleness": bound, "modes": modes}
@@ -259,7 +259,7 @@ def _steps(args: argparse.Namespace, stream: list[LoopGroup], batch: int, loop: 
         return max(1, len(stream) // groups_sent(LoopSettings(loop="sync-abort", steps=0, batch_groups=batch,
                                                               oversample=args.oversample)))
     if loop == "async-continue":
-        held = args.max_concurrent_groups or 2 * batch
+        held = concurrent_groups(batch, args.max_concurrent_groups or None)
         return max(1, (len(stream) - held) // batch + 1)
     return max(1, len(stream) // batch)
 

@@ -48,14 +48,20 @@ from samrollout.sim.admission import Admission
 from samrollout.sim.cost import CostTable
 from samrollout.sim.engine_step import EngineCounters, advance
 from samrollout.sim.state import SimInstance, SimSequence, SimSettings
-from samrollout_client.partial import DEFAULT_MAX_STALENESS
 from samrollout_client.placement import LengthHistory, place_affine, plan_affine
+from samrollout_client.rollout_rules import (
+    DEFAULT_MAX_STALENESS,
+    LOOPS,
+    KvOnUpdate,
+    Loop,
+    batch_order,
+    concurrent_groups,
+    staleness,
+    too_stale,
+)
 
-Loop = Literal["sync-wait", "sync-abort", "async-continue"]
-LOOPS: tuple[Loop, ...] = get_args(Loop)
 WeightTransfer = Literal["shared-disk", "push", "push-fanout"]
 WEIGHT_TRANSFERS: tuple[WeightTransfer, ...] = get_args(WeightTransfer)
-KvOnUpdate = Literal["recompute", "keep"]
 SimPlacement = Literal["affine", "least-outstanding"]
 SIM_PLACEMENTS: tuple[SimPlacement, ...] = get_args(SimPlacement)
 
@@ -218,7 +224,7 @@ class _Held:
 
     def staleness(self, version: int) -> int:
         """The largest lag of its finished samples' oldest tokens behind ``version``."""
-        return max((version - seq.first_version for seq in self.sequences if seq.done), default=0)
+        return max((staleness(version, seq.first_version) for seq in self.sequences if seq.done), default=0)
 
 
 class _Cluster:
@@ -452,11 +458,12 @@ async def _run_async(stream: Sequence[LoopGroup], drafter_factory: Callable[[], 
 
 
 class _PartialRollout:
-    """`samrollout_client.partial.PartialRollout`'s rules on the simulated cluster (see the module docstring)."""
+    """`samrollout_client.partial.PartialRollout`'s rules (`samrollout_client.rollout_rules`) on the simulated
+    cluster."""
 
     def __init__(self, cluster: _Cluster, stream: Sequence[LoopGroup], loop: LoopSettings) -> None:
         self.cluster, self.stream, self.loop = cluster, stream, loop
-        self.concurrent = loop.max_concurrent_groups or 2 * loop.batch_groups
+        self.concurrent = concurrent_groups(loop.batch_groups, loop.max_concurrent_groups or None)
         self.held: list[_Held] = []
         self.taken = 0
 
@@ -496,7 +503,7 @@ class _PartialRollout:
     def take_batch(self) -> list[_Held]:
         """The first ``batch_groups`` complete groups, the stalest first (then in stream order)."""
         version = self.cluster.version
-        ready = sorted(self.ready(), key=lambda h: (-h.staleness(version), h.source.stream_index))
+        ready = batch_order(self.ready(), lambda h: h.staleness(version), lambda h: h.source.stream_index)
         batch = ready[:self.loop.batch_groups]
         for group in batch:
             self.held.remove(group)
@@ -523,7 +530,7 @@ class _PartialRollout:
             return
         version = self.cluster.version
         for seq in group.sequences:
-            if seq.done and version - seq.first_version > bound:
+            if seq.done and too_stale(staleness(version, seq.first_version), bound):
                 result = self.cluster.result
                 result.restarted_samples += 1
                 result.discarded_tokens += len(seq.truth)

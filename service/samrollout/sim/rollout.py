@@ -38,7 +38,7 @@ from samrollout.sim.admission import Admission
 from samrollout.sim.cost import CostTable
 from samrollout.sim.engine_step import EngineCounters, advance
 from samrollout.sim.state import SimInstance, SimSequence, SimSettings
-from samrollout_client.divided import MAX_MOVES, MOVE_MARGIN
+from samrollout_client.rollout_rules import MAX_MOVES, MOVE_MARGIN
 
 __all__ = ["SimResult", "SimSettings", "simulate"]
 

@@ -22,7 +22,7 @@ from samrollout.spec_decode.draft_log import DraftLogWriter
 from samrollout.spec_decode.schedule import dense_from_range, dense_schedule
 from samrollout.spec_decode.session import DraftSession, SessionSettings, StepRow
 from samrollout.spec_decode.stats import STEP_SECONDS_BUCKETS, ProposerStats
-from samrollout_client.prompt_identity import sibling_group
+from samrollout_client.protocol.prompt_identity import sibling_group
 
 __all__ = ["STEP_SECONDS_BUCKETS", "SamProposer", "find_model_runner", "group_of"]
 

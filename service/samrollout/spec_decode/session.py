@@ -32,7 +32,7 @@ from samrollout.spec_decode.gate import Gate, make_gate
 from samrollout.spec_decode.goodput import GoodputPolicy, critical_weights, longest_rows
 from samrollout.spec_decode.stats import STEP_SECONDS_BUCKETS, HistoryStats, ProposerStats, SourceCounts
 from samrollout.spec_decode.step_cost import StepCost, cost_shape
-from samrollout_client.prompt_identity import prompt_digest, prompt_group
+from samrollout_client.protocol.prompt_identity import prompt_digest, prompt_group
 
 TokenRow = Sequence[int] | npt.NDArray[Any]
 # Group arrivals remembered by (rollout id, group), so that each is counted once (`DraftSession._count_arrival`).
