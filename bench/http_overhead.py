@@ -8,7 +8,7 @@ Paths (``--paths``), each given the same requests at concurrency 1, 16 and 64: g
 
 - ``served``: `samrollout serve` with its defaults (SAM, static threshold), JSON over HTTP;
 - ``engine``: the AsyncLLM `samrollout serve` builds for the same settings
-  (`samrollout.server.runtime.build_engine`), called in this process, no HTTP;
+  (`samrollout.server.engine.startup.build_engine`), called in this process, no HTTP;
 - ``served_no_spec`` / ``engine_no_spec``: the same with ``--no-speculation``;
 - ``vllm_serve``: plain ``vllm serve`` with the same engine settings as ``served_no_spec``
   (dtype, eager mode, memory, context, worker thread placement) and none of ours
@@ -91,7 +91,7 @@ async def measure_engine(model: str, args: argparse.Namespace, speculation: bool
     """Requests straight into the AsyncLLM the server would build for these settings."""
     from vllm import SamplingParams
 
-    from samrollout.server.runtime import build_engine
+    from samrollout.server.engine.startup import build_engine
 
     engine, _ = build_engine(_settings(model, args, speculation), model)
     counter = 0
@@ -133,8 +133,8 @@ def vllm_serve_command(model: str, args: argparse.Namespace) -> tuple[Callable[[
     from vllm.platforms import current_platform
 
     from samrollout.cpu_defaults import THREADS_BIND_ENV, worker_threads_bind
-    from samrollout.server.runtime import platform_device_kind
-    from samrollout.server.vllm_argv import vllm_argv
+    from samrollout.server.engine.startup import platform_device_kind
+    from samrollout.server.engine.vllm_argv import vllm_argv
 
     settings = _settings(model, args, speculation=False)
     ours = vllm_argv(settings, model, platform_device_kind(), per_request_metrics_flags=False)

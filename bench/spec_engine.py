@@ -94,7 +94,7 @@ def _engine_args(mode: str, k: int, threshold: int) -> dict[str, Any]:
         return engine_kwargs(model, None, speculative_config={"method": "suffix", "num_speculative_tokens": k},
                              **base)
     if setting.get("server_defaults"):
-        from samrollout.server.runtime import platform_device_kind
+        from samrollout.server.engine.startup import platform_device_kind
         from samrollout.server.settings import ServerSettings
 
         return engine_kwargs(model, ServerSettings(k=k, threshold=threshold).speculation_config(

@@ -248,7 +248,7 @@ def test_a_prompt_has_one_identity_in_the_client_and_the_server() -> None:
 
     import numpy as np
 
-    from samrollout.server.length_predictor import prompt_key
+    from samrollout.server.engine.length_predictor import prompt_key
     from samrollout_client.placement import LengthHistory
     from samrollout_client.protocol.prompt_identity import prompt_id, token_bytes
     from samrollout_client.verl.sampling import group_key

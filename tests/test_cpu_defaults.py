@@ -16,8 +16,8 @@ from samrollout.cpu_defaults import (
     usable_cores,
     worker_threads_bind,
 )
+from samrollout.server.engine.vllm_argv import vllm_argv
 from samrollout.server.settings import ServerSettings
-from samrollout.server.vllm_argv import vllm_argv
 
 AVX2 = frozenset({"fpu", "avx", "avx2", "fma"})
 SAPPHIRE_RAPIDS = AVX2 | {"avx512f", "avx512_bf16", "amx_bf16"}

@@ -127,3 +127,62 @@ def test_the_partial_rollout_and_the_simulator_share_one_set_of_rules() -> None:
     assert "samrollout_client.rollout_rules" in graph["samrollout.sim.rl_loop"]
     for path in (PACKAGES["samrollout_client"] / "partial.py", PACKAGES["samrollout"] / "sim" / "rl_loop.py"):
         assert "DEFAULT_MAX_STALENESS =" not in path.read_text()
+
+
+SERVER = PACKAGES["samrollout"] / "server"
+BASE_MODULES = ("errors", "settings")
+
+
+def _constant(init: Path, name: str) -> tuple[str, ...]:
+    """A tuple of strings assigned to ``name`` in ``init`` (read, not imported)."""
+    for node in ast.parse(init.read_text()).body:
+        if isinstance(node, ast.Assign | ast.AnnAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any(isinstance(t, ast.Name) and t.id == name for t in targets):
+                value = ast.literal_eval(node.value)  # type: ignore[arg-type]
+                return tuple(value)
+    raise AssertionError(f"{init} does not set {name}")
+
+
+def _server_part(module: str) -> str | None:
+    """The part of the server ``module`` belongs to: its subpackage, `errors`/`settings`, or "" (the top)."""
+    if not _within(module, "samrollout.server"):
+        return None
+    rest = module.removeprefix("samrollout.server").lstrip(".")
+    head = rest.split(".")[0]
+    if (SERVER / head).is_dir() or head in BASE_MODULES:
+        return head
+    return ""
+
+
+def test_each_part_of_the_server_imports_only_the_parts_its_package_allows() -> None:
+    allowed = {part.name: _constant(part / "__init__.py", "MAY_IMPORT")
+               for part in SERVER.iterdir() if (part / "__init__.py").is_file()}
+    allowed[""] = _constant(SERVER / "__init__.py", "MAY_IMPORT")
+    for base in BASE_MODULES:
+        allowed[base] = _constant(SERVER / "__init__.py", "BASE_MAY_IMPORT")
+    offending = {}
+    for module, targets in _graph().items():
+        part = _server_part(module)
+        if part is None:
+            continue
+        bad = sorted(t for t in targets if (target := _server_part(t)) not in (None, "", part)
+                     and target not in allowed[part])
+        bad += sorted(t for t in targets if _server_part(t) == "" and part != "" and t != "samrollout.server")
+        if bad:
+            offending[module] = bad
+    assert not offending
+
+
+def test_no_server_package_folder_holds_more_than_twelve_modules() -> None:
+    for root in PACKAGES.values():
+        for folder in [root, *(p for p in root.rglob("*") if p.is_dir() and (p / "__init__.py").is_file())]:
+            modules = [p for p in folder.glob("*.py") if p.name != "__init__.py"]
+            if _within(_module_name("x", root, folder / "__init__.py"), "x.server"):
+                assert len(modules) <= 12, (folder, len(modules))
+
+
+def test_no_route_module_imports_another() -> None:
+    graph = _graph()
+    routes = {m for m in graph if m.startswith("samrollout.server.") and m.endswith("_routes")}
+    assert not {m: sorted(graph[m] & routes) for m in routes if graph[m] & routes}

@@ -1,4 +1,5 @@
-"""What a request holds is given back once its ASGI call ends, however it ends (`samrollout.server.request_end`)."""
+"""What a request holds is given back once its ASGI call ends, however it ends
+(`samrollout.server.request_state.request_end`)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from samrollout.server.queue_limit import QueueLimit
-from samrollout.server.request_end import RequestEnd, Scope, at_request_end
+from samrollout.server.request_state.queue_limit import QueueLimit
+from samrollout.server.request_state.request_end import RequestEnd, Scope, at_request_end
 
 
 def _call(app: Any, scope: Scope) -> None:

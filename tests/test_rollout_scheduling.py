@@ -11,8 +11,8 @@ import httpx
 import pytest
 
 from conftest import API_KEY, TINY_CONTEXT, TINY_SERVER_MEMORY, server_fixture
-from samrollout.server.admission import AdmissionScheduler
-from samrollout.server.length_predictor import LengthPredictor, prompt_key
+from samrollout.server.engine.admission import AdmissionScheduler
+from samrollout.server.engine.length_predictor import LengthPredictor, prompt_key
 from samrollout.spec_decode.stats import ProposerStats
 from samrollout.testing import ServerProcess
 from support.frozen_engine import counter, frozen, step_until

@@ -22,7 +22,7 @@ from conftest import (
     run_engines_together,
     server_fixture,
 )
-from samrollout.server.engine_watch import ENGINE_DIED_EXIT_CODE
+from samrollout.server.engine.engine_watch import ENGINE_DIED_EXIT_CODE
 from samrollout.testing import ServerProcess
 from support.frozen_engine import in_flight_at_least, until
 

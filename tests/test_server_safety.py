@@ -287,7 +287,7 @@ def test_a_file_read_that_blocks_forever_times_out_and_does_not_hold_the_process
 
     os.mkfifo(tmp_path / "never-written")
     script = ("import asyncio, sys\n"
-              "from samrollout.server.bounded_call import call_with_deadline\n"
+              "from samrollout.server.engine.bounded_call import call_with_deadline\n"
               "async def main():\n"
               "    try:\n"
               f"        await call_with_deadline(open, {str(tmp_path / 'never-written')!r}, timeout=0.5, name='t')\n"

@@ -17,7 +17,8 @@ from pydantic_settings import SettingsError
 
 from samrollout.config import ADDITIONAL_CONFIG_KEY, SPECULATION_LIMITS, SpeculationConfig
 from samrollout.drafter import DraftPolicy
-from samrollout.server.runtime import open_weight_uploads
+from samrollout.server.engine.startup import open_weight_uploads
+from samrollout.server.engine.vllm_argv import vllm_argv
 from samrollout.server.settings import (
     NOT_FLAGS,
     ServerSettings,
@@ -27,7 +28,6 @@ from samrollout.server.settings import (
     settings_from_args,
     speculation_fields,
 )
-from samrollout.server.vllm_argv import vllm_argv
 from samrollout.sim.cost import CostTable
 
 

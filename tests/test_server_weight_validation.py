@@ -1,6 +1,6 @@
 """Weight updates are checked before the engine sees them: a bad directory is a 400 and the old weights keep serving.
 
-The checker (`samrollout.server.weights_check`) reads safetensors headers only; here it is run
+The checker (`samrollout.server.weights.weights_check`) reads safetensors headers only; here it is run
 on small files written with safetensors' own writer, and through the real server
 (`tiny_server`) on broken copies of a valid update (`tiny_weights_v2`).
 """
@@ -21,7 +21,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from conftest import API_KEY
-from samrollout.server.weights_check import WeightsError, check_weights_dir, checkpoint_layout, read_header
+from samrollout.server.weights.weights_check import WeightsError, check_weights_dir, checkpoint_layout, read_header
 from samrollout.testing import ServerProcess
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
@@ -138,7 +138,7 @@ def test_value_check_finds_a_single_non_finite_value_in_any_float_dtype(tmp_path
 
 
 def test_value_check_reads_tensors_larger_than_one_chunk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from samrollout.server import weight_values
+    from samrollout.server.weights import weight_values
 
     monkeypatch.setattr(weight_values, "CHUNK_BYTES", 4096)
     values = torch.zeros(10_000, dtype=torch.bfloat16)

@@ -7,8 +7,8 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
-from samrollout.server.rl_fields import annotate_stream
-from samrollout.server.stream_endings import ChoiceEndings, StreamShape
+from samrollout.server.api.rl_fields import annotate_stream
+from samrollout.server.request_state.stream_endings import ChoiceEndings, StreamShape
 
 COMPLETION = StreamShape("completion", "cmpl-base", "tiny", choices=2, token_ids=True)
 

@@ -29,10 +29,10 @@ from typing import Any
 import pytest
 
 from samrollout.cli import main as cli_main
-from samrollout.server import vllm_serving
+from samrollout.server.engine.vllm_argv import vllm_argv
 from samrollout.server.settings import ServerSettings
-from samrollout.server.vllm_argv import vllm_argv
-from samrollout.server.vllm_version import SUPPORTED_SERIES, UnsupportedVllmError, serving_series
+from samrollout.server.vllm_compat import vllm_serving
+from samrollout.server.vllm_compat.vllm_version import SUPPORTED_SERIES, UnsupportedVllmError, serving_series
 from samrollout.spec_decode.worker_extension import SamWorkerExtension
 from support.ascend_source import ascend_source
 from support.vllm_contract import (

@@ -30,7 +30,7 @@ from typing import Any
 import pytest
 import vllm
 
-from samrollout.server import vllm_serving
+from samrollout.server.vllm_compat import vllm_serving
 from samrollout.spec_decode import no_draft_sampling, schedule
 from samrollout.spec_decode.proposer import SamProposer
 from samrollout.spec_decode.worker_extension import SamWorkerExtension

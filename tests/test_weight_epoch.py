@@ -1,4 +1,5 @@
-"""The prefix-cache salt by weight load (samrollout.server.weight_epoch): what each request reaching the engine gets.
+"""The prefix-cache salt by weight load (samrollout.server.weights.weight_epoch): what each request reaching the
+engine gets.
 
 The end-to-end check (a request after a ``continue-keep-kv`` update reuses no block of the old
 weights) is in tests/test_weight_update_continue.py.
@@ -10,7 +11,7 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any
 
-from samrollout.server.weight_epoch import EpochSaltedEngine, WeightEpoch, salted
+from samrollout.server.weights.weight_epoch import EpochSaltedEngine, WeightEpoch, salted
 
 
 @dataclass

@@ -28,8 +28,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from samrollout.server.weight_peers import WeightPeers
-from samrollout.server.weight_relay import Hop, start_relay
+from samrollout.server.weights.weight_peers import WeightPeers
+from samrollout.server.weights.weight_relay import Hop, start_relay
 from samrollout.testing import free_port
 
 NAME = "peers.test"

@@ -4,7 +4,7 @@ Through the real server (`tiny_server`): a state dict pushed by the client chang
 outputs and the version, pushing the original weights back restores them, and every bad
 push (a damaged or truncated file, other tensor names, shapes or dtypes, a path in the file
 name, too many bytes) is a 4xx that leaves the old weights serving.  The staging store
-(`samrollout.server.weight_uploads`) on its own, on a real disk with a clock the test moves:
+(`samrollout.server.weights.weight_uploads`) on its own, on a real disk with a clock the test moves:
 the byte bound while a file streams in, expiry of idle uploads, the bound on open uploads,
 leftovers of killed servers.  The client's serialisation: shards of bounded size that hold
 every tensor.
@@ -33,7 +33,7 @@ from safetensors.torch import load_file, save
 
 from conftest import API_KEY, admin_status
 from samrollout.server.errors import ApiError
-from samrollout.server.weight_uploads import WeightUploads, default_staging_root, remove_stale_staging
+from samrollout.server.weights.weight_uploads import WeightUploads, default_staging_root, remove_stale_staging
 from samrollout.testing import ServerProcess
 from samrollout_client import RequestRejected, RolloutClient
 from samrollout_client.weights import WeightFiles, plan_shards

@@ -23,7 +23,7 @@ from safetensors.torch import load_file
 from conftest import API_KEY, admin_status, peer_url
 from samrollout.server.errors import ApiError
 from samrollout.server.settings import parse_peer_urls
-from samrollout.server.weight_relay import parse_relay_header
+from samrollout.server.weights.weight_relay import parse_relay_header
 from samrollout.testing import ServerProcess
 from samrollout_client import RolloutClient, SamrolloutError
 from samrollout_client.protocol.weight_uploads import MAX_RELAY_HOPS, RELAY_HEADER

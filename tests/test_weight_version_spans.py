@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from samrollout.metrics import definitions as m
-from samrollout.server.continuation import (
+from samrollout.server.engine.continuation import (
     SequenceProgress,
     continued,
     count_continued,
@@ -25,7 +25,7 @@ from samrollout.server.continuation import (
     sequence_key,
     sequences_in_flight,
 )
-from samrollout.server.weight_labels import WeightLabels
+from samrollout.server.weights.weight_labels import WeightLabels
 
 
 def completion(tokens: list[int], index: int = 0, finish: str | None = None,
@@ -190,8 +190,8 @@ def runtime_with(engine: RecordingEngine, monkeypatch: pytest.MonkeyPatch) -> An
     import sys
     from pathlib import Path
 
-    from samrollout.server import runtime as runtime_module
-    from samrollout.server.inflight import InflightRequest
+    from samrollout.server.engine import runtime as runtime_module
+    from samrollout.server.request_state.inflight import InflightRequest
 
     async def pause_engine(engine: RecordingEngine, mode: str, clear_cache: bool) -> None:
         engine.calls.append(("pause", (mode, clear_cache)))
@@ -202,7 +202,7 @@ def runtime_with(engine: RecordingEngine, monkeypatch: pytest.MonkeyPatch) -> An
     async def checked(*args: Any, **kwargs: Any) -> Path:
         return Path("/weights")
 
-    monkeypatch.setitem(sys.modules, "samrollout.server.vllm_serving", SimpleNamespace(
+    monkeypatch.setitem(sys.modules, "samrollout.server.vllm_compat.vllm_serving", SimpleNamespace(
         pause_engine=pause_engine, set_engine_weight_version=set_engine_weight_version))
     monkeypatch.setattr(runtime_module, "call_with_deadline", checked)
     settings = SimpleNamespace(weight_check_timeout=10.0, weight_value_check=False)

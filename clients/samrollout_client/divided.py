@@ -64,7 +64,6 @@ from samrollout_client.rollout_rules import MAX_MOVES, MOVE_MARGIN
 from samrollout_client.spans import join_spans, parse_spans
 from samrollout_client.types import Sample, SamplePiece, Sampling, SpecStats, WeightVersionSpan
 
-
 # Extra body fields whose meaning changes when generated tokens become prompt tokens.
 _REFUSED_EXTRA = {
     "echo": "the continuation's echoed prompt would include the generated tokens",

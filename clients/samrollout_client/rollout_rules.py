@@ -30,7 +30,8 @@ BATCHES_IN_FLIGHT = 2
 one, the next generates."""
 
 MOVE_MARGIN = 2
-"""A divided rollout's sample (`samrollout_client.divided`), with nothing waiting on either side, a sample moves only if its endpoint streams this many more requests.
+"""A divided rollout's sample (`samrollout_client.divided`), with nothing waiting on either side, moves only if
+its endpoint streams this many more requests.
 
 Two is the smallest margin that cannot bounce: after the move the target streams at most
 as many as the source, so the sample has no reason to move back.

@@ -68,8 +68,8 @@ def _generation_error() -> type[Exception]:
 def check_layout(model_dir: str) -> dict[str, Any]:
     import vllm
 
-    from samrollout.server import vllm_serving
-    from samrollout.server.vllm_version import serving_series
+    from samrollout.server.vllm_compat import vllm_serving
+    from samrollout.server.vllm_compat.vllm_version import serving_series
 
     return {"vllm_version": vllm.__version__, "vllm_file": vllm.__file__, "series": serving_series(),
             "init_app_state": vllm_serving.init_app_state.__module__,
@@ -84,11 +84,11 @@ NAMESPACE_FIELDS = ("model", "served_model_name", "seed", "dtype", "tensor_paral
 
 
 def check_flags(model_dir: str) -> dict[str, Any]:
-    """The settings' flags through the release's own parser and validation (`runtime.vllm_namespace`)."""
-    from samrollout.server.runtime import platform_device_kind, vllm_namespace
+    """The settings' flags through the release's own parser and validation (`startup.vllm_namespace`)."""
+    from samrollout.server.engine.startup import platform_device_kind, vllm_namespace
+    from samrollout.server.engine.vllm_argv import vllm_argv
     from samrollout.server.settings import ServerSettings
-    from samrollout.server.vllm_argv import vllm_argv
-    from samrollout.server.vllm_serving import PER_REQUEST_METRICS, FlexibleArgumentParser, make_arg_parser
+    from samrollout.server.vllm_compat.vllm_serving import PER_REQUEST_METRICS, FlexibleArgumentParser, make_arg_parser
 
     variants = {
         "default": ServerSettings(model=model_dir),
@@ -132,7 +132,7 @@ def _engine_config(model_dir: str, speculative_config: dict[str, Any] | None = N
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.usage.usage_lib import UsageContext
 
-    from samrollout.server.runtime import vllm_namespace
+    from samrollout.server.engine.startup import vllm_namespace
     from samrollout.server.settings import ServerSettings
 
     args = vllm_namespace(ServerSettings(model=model_dir, max_model_len=512), model_dir)
@@ -321,7 +321,7 @@ def check_server(model_dir: str) -> dict[str, Any]:
     from vllm.v1.engine.async_llm import AsyncLLM
 
     from samrollout.server.app import build_app
-    from samrollout.server.inflight import InflightRequest
+    from samrollout.server.request_state.inflight import InflightRequest
     from samrollout.server.settings import ServerSettings
 
     engines: list[StandInEngine] = []
@@ -479,7 +479,7 @@ def check_error_mapping(model_dir: str) -> dict[str, Any]:
     from vllm.exceptions import VLLMNotFoundError, VLLMValidationError
     from vllm.v1.engine.exceptions import EngineDeadError
 
-    from samrollout.server.vllm_serving import ERROR_TYPES, create_error_response
+    from samrollout.server.vllm_compat.vllm_serving import ERROR_TYPES, create_error_response
 
     errors = [VLLMValidationError("bad n", parameter="n"), VLLMNotFoundError("no adapter"),
               _generation_error()("failed"), ValueError("v"), TypeError("t"), OverflowError("o")]
@@ -519,7 +519,7 @@ def check_pause(model_dir: str) -> dict[str, Any]:
     """The layout's `pause_engine` in each mode: the calls it makes on the engine and its engine-core client."""
     import asyncio
 
-    from samrollout.server.vllm_serving import pause_engine
+    from samrollout.server.vllm_compat.vllm_serving import pause_engine
 
     engine = StandInEngine(_engine_config(model_dir)[1], [])
     paused = {}

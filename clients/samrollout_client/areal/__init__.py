@@ -3,7 +3,7 @@
 Two ways in, both against servers started with ``samrollout serve --areal-routes``:
 
 - **No code:** AReaL's own ``RemotevLLMEngine`` calls the routes of AReaL's vLLM server,
-  which samrollout serves under the same names (`samrollout.server.areal_routes`).  A pause
+  which samrollout serves under the same names (`samrollout.server.areal.areal_routes`).  A pause
   aborts the requests in flight; AReaL sends them again with their tokens so far and labels
   each reply's tokens with the version it holds when the reply arrives.
 - **One line in the training script:** `use_samrollout_engine` makes AReaL's trainer build

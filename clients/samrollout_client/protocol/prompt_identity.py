@@ -16,9 +16,9 @@ alike.
 
 Who uses it: on the server, `samrollout.history` and `samrollout.spec_decode.session` (the
 cross-epoch history's keys, `DIGEST_SIZE` bytes, and prompt groups), the length predictor
-(`samrollout.server.length_predictor.prompt_key`), and `sibling_group` in the proposer
+(`samrollout.server.engine.length_predictor.prompt_key`), and `sibling_group` in the proposer
 (`samrollout.spec_decode.proposer.group_of`) and the length-aware scheduler
-(`samrollout.server.scheduled_engine`); in the client, `samrollout_client.placement.LengthHistory`,
+(`samrollout.server.engine.scheduled_engine`); in the client, `samrollout_client.placement.LengthHistory`,
 history-affine placement (`samrollout_client.placement.place_affine` ranks the servers by a hash of
 this identity, so that a prompt finds the server holding its history: its spelling must not change)
 and the veRL backend's group ids (`samrollout_client.verl.sampling.group_key`, `GROUP_KEY_SIZE`

@@ -26,7 +26,7 @@ from samrollout.metrics import definitions as m
 @dataclass
 class SequenceOutcome:
     """One finished sequence (one choice): its length, accepted draft tokens if known, why it ended, and the
-    weight version that produced it (the label its response carries; `samrollout.server.weight_labels`)."""
+    weight version that produced it (the label its response carries; `samrollout.server.weights.weight_labels`)."""
 
     output_tokens: int
     accepted_draft_tokens: int | None

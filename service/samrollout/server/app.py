@@ -16,13 +16,16 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 from samrollout.metrics.aborts import count_api_aborts
 from samrollout.metrics.drafter import DRAFTER_METRICS
 from samrollout.metrics.http_errors import CountHttpErrors
-from samrollout.server import admin_routes, areal_routes, openai_routes, weight_upload_routes
-from samrollout.server.auth import require_api_key
-from samrollout.server.engine_watch import engine_dead, exit_when_engine_dies, start_up_heartbeat
+from samrollout.server.api import admin_routes, openai_routes, weight_upload_routes
+from samrollout.server.api.auth import require_api_key
+from samrollout.server.api.http_limits import BodyLimit
+from samrollout.server.areal import areal_routes
+from samrollout.server.areal.generation_gate import GenerationGate
+from samrollout.server.engine.engine_watch import engine_dead, exit_when_engine_dies, start_up_heartbeat
+from samrollout.server.engine.runtime import ServerRuntime
+from samrollout.server.engine.startup import start_runtime
 from samrollout.server.errors import error_response, install_error_handlers
-from samrollout.server.http_limits import BodyLimit
-from samrollout.server.request_end import RequestEnd
-from samrollout.server.runtime import ServerRuntime, start_runtime
+from samrollout.server.request_state.request_end import RequestEnd
 from samrollout.server.settings import ServerSettings
 
 logger = logging.getLogger("samrollout.server")
@@ -35,6 +38,8 @@ def build_app(settings: ServerSettings) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         with start_up_heartbeat():
             runtime = await start_runtime(settings, app.state)
+        if settings.areal_routes:
+            runtime.generation_gate = GenerationGate()  # AReaL's pause holds new requests here
         count_api_aborts(runtime.engine)  # disconnects, /admin/abort_rollout: finish_reason="abort"
         app.state.runtime = runtime
         logger.info("serving %s (weights %s) with speculation %s", runtime.model_name, runtime.weight_version,

@@ -11,9 +11,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from samrollout.server.engine_watch import ENGINE_DIED_EXIT_CODE
+from samrollout.server.engine.engine_watch import ENGINE_DIED_EXIT_CODE
 from samrollout.server.settings import add_settings_flags, settings_from_args
-from samrollout.server.vllm_version import UnsupportedVllmError, serving_series
+from samrollout.server.vllm_compat.vllm_version import UnsupportedVllmError, serving_series
 
 STARTUP_FAILED_EXIT_CODE = 3  # as uvicorn: the engine or the app could not start
 
@@ -53,7 +53,7 @@ def run_serve(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, lambda *_: None)
     from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
-    from samrollout.server.http_limits import guarded_http_protocol
+    from samrollout.server.api.http_limits import guarded_http_protocol
 
     protocol = guarded_http_protocol(AutoHTTPProtocol, settings.max_connections, settings.header_timeout)
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level,

@@ -82,7 +82,7 @@ def install_error_handlers(app: FastAPI) -> None:
         response.headers.update(exc.headers)
         return response
 
-    from samrollout.server.vllm_serving import ERROR_TYPES, create_error_response
+    from samrollout.server.vllm_compat.vllm_serving import ERROR_TYPES, create_error_response
 
     async def _vllm(_: Request, exc: Exception) -> JSONResponse:
         # vLLM's own mapping: its client errors are 4xx, generation errors 5xx, bare ValueError 400.

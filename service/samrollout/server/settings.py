@@ -8,7 +8,7 @@ docs/hooks/settings_reference.py) and, for speculation settings, the `Speculatio
 sets (``json_schema_extra={"speculation": name}``).  Precedence is flag > environment variable >
 default.  Every value is checked when the object is made (pydantic), so a bad setting stops
 `samrollout serve` at start-up with a message naming it, before any model is loaded.  Turning the
-settings into vLLM's flags is `samrollout.server.vllm_argv`'s job.
+settings into vLLM's flags is `samrollout.server.engine.vllm_argv`'s job.
 """
 
 from __future__ import annotations
@@ -40,10 +40,12 @@ from samrollout.config import (
     resolve_cost_prior,
 )
 from samrollout.drafter import DraftPolicy
-from samrollout.server.admission import SchedulingPolicy
 
 BUILTIN_MODEL_NAME = "smollm2-135m-instruct"
 LogLevel = Literal["debug", "info", "warning", "error"]
+SchedulingPolicy = Literal["fcfs", "length-aware"]
+"""How sequences are admitted to the engine: in arrival order, or by predicted length (`engine.admission`)."""
+SCHEDULING_POLICIES: tuple[SchedulingPolicy, ...] = get_args(SchedulingPolicy)
 ENV_PREFIX = "SAMROLLOUT_"
 # Settings that are not flags: extra vLLM flags come after `--` (a positional remainder).
 NOT_FLAGS = frozenset({"vllm_args"})

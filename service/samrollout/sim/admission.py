@@ -14,8 +14,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from samrollout.server.admission import SCHEDULING_POLICIES, AdmissionEntry, AdmissionScheduler, admission_headroom
-from samrollout.server.length_predictor import LengthPredictor
+from samrollout.server.engine.admission import (
+    AdmissionEntry,
+    AdmissionScheduler,
+    admission_headroom,
+)
+from samrollout.server.engine.length_predictor import LengthPredictor
+from samrollout.server.settings import SCHEDULING_POLICIES
 from samrollout.sim.state import SimInstance, SimSequence, SimSettings
 
 

@@ -46,7 +46,7 @@ from samrollout.replay.traces import (
     split_paths,
     vocab_size,
 )
-from samrollout.server.admission import SCHEDULING_POLICIES, SchedulingPolicy
+from samrollout.server.settings import SCHEDULING_POLICIES, SchedulingPolicy
 from samrollout.sim.cost import CostTable
 from samrollout.sim.rollout import SimResult, SimSettings, simulate
 

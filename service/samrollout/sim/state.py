@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from samrollout.replay.protocol import ReplayDrafter
-from samrollout.server.admission import SchedulingPolicy
+from samrollout.server.settings import SchedulingPolicy
 
 
 @dataclass(frozen=True)

@@ -19,11 +19,11 @@ from fastapi import APIRouter, Depends, Header, Request
 from pydantic import Field
 from starlette.requests import ClientDisconnect
 
-from samrollout.server.admin_routes import ADMIN_ERRORS, IN_FLIGHT_HELP, AdminBody
-from samrollout.server.auth import require_api_key
+from samrollout.server.api.admin_bodies import ADMIN_ERRORS, IN_FLIGHT_HELP, AdminBody
+from samrollout.server.api.auth import require_api_key
+from samrollout.server.engine.runtime import ServerRuntime
 from samrollout.server.errors import ApiError
-from samrollout.server.runtime import ServerRuntime
-from samrollout.server.weight_relay import parse_relay_header, start_relay
+from samrollout.server.weights.weight_relay import parse_relay_header, start_relay
 from samrollout_client.protocol.modes import InFlight
 from samrollout_client.protocol.weight_uploads import RELAY_HEADER, SHA256_HEADER
 

@@ -23,9 +23,9 @@ from typing import Any
 from pydantic import Field, PrivateAttr
 
 from samrollout.config import GROUP_FIELD, ROLLOUT_FIELD
-from samrollout.server.prompt_limits import PromptLimits, with_prompt_limits
-from samrollout.server.stream_endings import ChoiceEndings
-from samrollout.server.vllm_serving import ChatCompletionRequest, CompletionRequest
+from samrollout.server.api.prompt_limits import PromptLimits, with_prompt_limits
+from samrollout.server.request_state.stream_endings import ChoiceEndings
+from samrollout.server.vllm_compat.vllm_serving import ChatCompletionRequest, CompletionRequest
 
 ID_PATTERN = r"^[A-Za-z0-9._:/@+=-]{1,128}$"
 

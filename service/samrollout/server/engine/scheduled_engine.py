@@ -19,8 +19,9 @@ from copy import copy
 from typing import Any
 
 from samrollout.config import GROUP_FIELD
-from samrollout.server.admission import AdmissionScheduler
-from samrollout.server.length_predictor import prompt_key
+from samrollout.server.engine.admission import AdmissionScheduler
+from samrollout.server.engine.length_predictor import prompt_key
+from samrollout.server.request_state.engine_ids import child_request_id
 from samrollout_client.protocol.prompt_identity import sibling_group
 
 
@@ -37,11 +38,6 @@ def output_tokens_so_far(engine: Any, request_id: str) -> int:
                     for i in internal if i in processor.request_states), default=0)
     except (AttributeError, KeyError, TypeError):
         return 0
-
-
-def child_request_id(parent_id: str, index: int) -> str:
-    """The engine request id of child ``index`` of a request fanned out here (vLLM's own naming of children)."""
-    return f"{index}_{parent_id}"
 
 
 def _prompt_token_ids(prompt: Any) -> list[int] | None:

@@ -1,8 +1,8 @@
 """Every piece of vLLM's serving layer the server reuses, from the layout of the installed vLLM.
 
-vLLM moves these modules between releases; `samrollout.server.vllm_layouts` has one module
+vLLM moves these modules between releases; `samrollout.server.vllm_compat.vllm_layouts` has one module
 per supported series (0.32: the ``cpu`` and ``cuda`` extras; 0.33: the ``cuda`` extra; 0.23:
-vllm-ascend 0.23) and this one picks it (`samrollout.server.vllm_version`; any other vLLM
+vllm-ascend 0.23) and this one picks it (`samrollout.server.vllm_compat.vllm_version`; any other vLLM
 raises `UnsupportedVllmError`).
 Following another release means adding a layout.  What each piece does for us:
 
@@ -22,12 +22,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from samrollout.server.vllm_version import serving_series
+from samrollout.server.vllm_compat.vllm_version import serving_series
 
 # Types are vLLM 0.32's (what mypy checks); every layout exports the same names (their __all__).
 if TYPE_CHECKING or serving_series() == "0.32":
-    from samrollout.server.vllm_layouts.v0_32 import *  # noqa: F403
+    from samrollout.server.vllm_compat.vllm_layouts.v0_32 import *  # noqa: F403
 elif serving_series() == "0.33":
-    from samrollout.server.vllm_layouts.v0_33 import *  # noqa: F403
+    from samrollout.server.vllm_compat.vllm_layouts.v0_33 import *  # noqa: F403
 else:
-    from samrollout.server.vllm_layouts.v0_23 import *  # noqa: F403
+    from samrollout.server.vllm_compat.vllm_layouts.v0_23 import *  # noqa: F403

@@ -1,9 +1,8 @@
 """Which engine requests are in flight, by rollout id: what `/admin/abort_rollout` aborts.
 
-vLLM's serving layer names engine requests after the HTTP request's id: a completion of
-P prompts becomes ``cmpl-{id}-0 .. cmpl-{id}-{P-1}`` and a chat completion
-``chatcmpl-{id}``.  We record the id, the kind and the prompt count while the HTTP request
-runs, so a rollout's requests can be aborted without touching anyone else's.
+vLLM's serving layer names engine requests after the HTTP request's id (`engine_ids`).  We record the id,
+the kind and the prompt count while the HTTP request runs, so a rollout's requests can be aborted without
+touching anyone else's.
 """
 
 from __future__ import annotations
@@ -11,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+
+from samrollout.server.request_state.engine_ids import engine_request_ids
 
 
 @dataclass(frozen=True)
@@ -24,9 +25,7 @@ class InflightRequest:
 
     def engine_ids(self) -> list[str]:
         """The external request ids vLLM's serving layer gives this request's engine requests."""
-        if self.kind == "chat":
-            return [f"chatcmpl-{self.base_id}"]
-        return [f"cmpl-{self.base_id}-{i}" for i in range(self.prompts)]
+        return engine_request_ids(self.kind, self.base_id, self.prompts)
 
 
 class InflightRegistry:

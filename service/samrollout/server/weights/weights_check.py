@@ -22,7 +22,7 @@ import struct
 from collections.abc import Callable
 from pathlib import Path
 
-from samrollout.server.weight_values import FileTensors, first_non_finite
+from samrollout.server.weights.weight_values import FileTensors, first_non_finite
 
 logger = logging.getLogger("samrollout.server")
 

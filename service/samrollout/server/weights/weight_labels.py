@@ -34,7 +34,7 @@ import itertools
 from collections.abc import AsyncGenerator, Callable, Iterable
 from typing import Any
 
-from samrollout.server.scheduled_engine import child_request_id
+from samrollout.server.request_state.engine_ids import child_request_id
 
 Span = dict[str, Any]  # {"start": first output-token index, "end": exclusive, "version": str}
 

@@ -17,31 +17,18 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from fastapi import APIRouter, Depends, Request
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
-from samrollout.server.auth import require_api_key
+from samrollout.server.api.admin_bodies import ADMIN_ERRORS, IN_FLIGHT_HELP, AdminBody
+from samrollout.server.api.auth import require_api_key
+from samrollout.server.api.rl_fields import ID_PATTERN
+from samrollout.server.engine.runtime import ServerRuntime
 from samrollout.server.errors import ApiError
-from samrollout.server.rl_fields import ID_PATTERN
-from samrollout.server.runtime import ServerRuntime
 from samrollout_client.protocol.modes import InFlight, PauseMode
 
 router = APIRouter(prefix="/admin", dependencies=[Depends(require_api_key)])
-ADMIN_ERRORS: dict[int | str, dict[str, Any]] = {400: {"description": "bad request"}, 401: {"description": "no key"},
-                                            409: {"description": "not possible in this state or configuration"}}
 _UPDATE_ERRORS: dict[int | str, dict[str, Any]] = {**ADMIN_ERRORS,
                                                    403: {"description": "path is outside --weights-root"}}
-
-
-class AdminBody(BaseModel):
-    """An admin request's JSON body: unknown fields are a 400."""
-
-    model_config = ConfigDict(extra="forbid")
-
-
-IN_FLIGHT_HELP = ("requests in flight: finish them on the old weights first (wait), abort them (abort), or stop them "
-              "at a token boundary and let them go on under the new weights in the same response, their KV cache "
-              "computed again under the new weights (continue) or kept as the old weights computed it "
-              "(continue-keep-kv: nothing recomputed)")
 
 
 class UpdateWeights(AdminBody):

@@ -1,7 +1,7 @@
 """Which vLLM release series the server runs on: the installed vLLM's ``major.minor``, if supported.
 
 The server reuses vLLM's serving layer, whose modules move between releases; each supported
-series has its own layout module (`samrollout.server.vllm_layouts`).  ``VLLM_VERSION``
+series has its own layout module (`samrollout.server.vllm_compat.vllm_layouts`).  ``VLLM_VERSION``
 overrides the installed version, as it does for vllm-ascend (for vLLM dev builds).
 """
 

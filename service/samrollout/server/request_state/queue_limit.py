@@ -10,7 +10,7 @@ held sequences past the engine's slots (``max_num_seqs``) plus ``max_queued`` is
 from __future__ import annotations
 
 from samrollout.server.errors import ApiError
-from samrollout.server.request_end import Scope, at_request_end
+from samrollout.server.request_state.request_end import Scope, at_request_end
 
 RETRY_AFTER_S = 2  # what a 429 asks the client to wait: about a decode step's worth of slots freeing up
 

@@ -26,13 +26,9 @@ import itertools
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Literal, get_args
 
 from samrollout.metrics import definitions as m
-from samrollout.server.length_predictor import LengthPredictor
-
-SchedulingPolicy = Literal["fcfs", "length-aware"]
-SCHEDULING_POLICIES: tuple[SchedulingPolicy, ...] = get_args(SchedulingPolicy)
+from samrollout.server.engine.length_predictor import LengthPredictor
 
 
 def admission_headroom(slots: int) -> int:

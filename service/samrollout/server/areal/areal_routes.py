@@ -34,11 +34,11 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Depends, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from samrollout.server.auth import require_api_key_or_trainer_port
+from samrollout.server.api.auth import require_api_key_or_trainer_port
+from samrollout.server.areal.generation_gate import AReaLPause, GenerationGate
+from samrollout.server.engine.runtime import ServerRuntime
 from samrollout.server.errors import ApiError
-from samrollout.server.generation_gate import AReaLPause, GenerationGate
-from samrollout.server.runtime import ServerRuntime
-from samrollout.server.update_modes import update_mode
+from samrollout.server.weights.update_modes import update_mode
 from samrollout_client.protocol.areal_checkpoints import areal_version
 from samrollout_client.protocol.modes import InFlight
 
@@ -74,7 +74,7 @@ class UpdateWeights(AReaLBody):
 
 def _runtime(request: Request) -> tuple[ServerRuntime, GenerationGate]:
     runtime: ServerRuntime = request.app.state.runtime
-    if runtime.generation_gate is None:  # the router is only mounted with --areal-routes; never reached
+    if not isinstance(runtime.generation_gate, GenerationGate):  # mounted only with --areal-routes: never reached
         raise ApiError(409, "AReaL's routes are off: start the server with --areal-routes")
     return runtime, runtime.generation_gate
 

@@ -27,7 +27,7 @@ from typing import Any
 import httpx
 
 from samrollout.server.errors import ApiError
-from samrollout.server.weight_peers import Peer, WeightPeers
+from samrollout.server.weights.weight_peers import Peer, WeightPeers
 from samrollout_client.protocol.weight_uploads import (
     MAX_RELAY_HOPS,
     RELAY_HEADER,

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from samrollout.metrics import definitions as m
-from samrollout.server.scheduled_engine import child_request_id
+from samrollout.server.request_state.engine_ids import child_request_id
 
 SequenceKey = tuple[str, int]  # (engine request id the serving layer gave, choice index within it)
 
@@ -56,7 +56,7 @@ def sequences_in_flight(engine: Any, engine_ids: Iterable[str]) -> dict[Sequence
     Read from vLLM's output processor (its per-sequence states), so it is what the API process
     has received; call it after `drain_outputs`.  A sequence of an ``n > 1`` request is found
     under vLLM's own id and its index, or, where length-aware scheduling fanned the request out,
-    under its child's id (`scheduled_engine.child_request_id`).  Sequences the processor does not
+    under its child's id (`engine_ids.child_request_id`).  Sequences the processor does not
     hold (still waiting for admission in the server, or gone) are left out.
     """
     wanted = set(engine_ids)
@@ -83,7 +83,7 @@ def sequence_key(external: str, index: int, wanted: set[str]) -> SequenceKey | N
 
     ``external`` is either a request the serving layer made (vLLM fans ``n > 1`` out under the
     same id, ``index`` telling the children apart) or a child length-aware scheduling made, named
-    ``{i}_{parent}`` (`scheduled_engine.child_request_id`) with ``index`` 0.
+    ``{i}_{parent}`` (`engine_ids.child_request_id`) with ``index`` 0.
     """
     if external in wanted:
         return external, index

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from samrollout.server.errors import ApiError
-from samrollout.server.weights_check import DTYPE_BITS, Layout
+from samrollout.server.weights.weights_check import DTYPE_BITS, Layout
 from samrollout_client.protocol.weight_uploads import SHA256_HEADER
 
 logger = logging.getLogger("samrollout.server")

@@ -21,11 +21,8 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from samrollout.metrics.rollouts import SequenceOutcome
-from samrollout.server.auth import require_api_key, require_api_key_or_trainer_port
-from samrollout.server.errors import ApiError, error_response
-from samrollout.server.inflight import InflightRequest
-from samrollout.server.request_end import at_request_end
-from samrollout.server.rl_fields import (
+from samrollout.server.api.auth import require_api_key, require_api_key_or_trainer_port
+from samrollout.server.api.rl_fields import (
     AnyRolloutRequest,
     RolloutChatCompletionRequest,
     RolloutCompletionRequest,
@@ -33,10 +30,14 @@ from samrollout.server.rl_fields import (
     attach_engine_args,
     rl_response_fields,
 )
-from samrollout.server.runtime import ServerRuntime
-from samrollout.server.stream_endings import ChoiceEndings, StreamShape
-from samrollout.server.vllm_serving import validate_json_request, with_cancellation
-from samrollout.server.weight_labels import WeightLabels
+from samrollout.server.engine.runtime import ServerRuntime
+from samrollout.server.errors import ApiError, error_response
+from samrollout.server.request_state.engine_ids import response_id
+from samrollout.server.request_state.inflight import InflightRequest
+from samrollout.server.request_state.request_end import at_request_end
+from samrollout.server.request_state.stream_endings import ChoiceEndings, StreamShape
+from samrollout.server.vllm_compat.vllm_serving import validate_json_request, with_cancellation
+from samrollout.server.weights.weight_labels import WeightLabels
 
 router = APIRouter()
 _KEY = [Depends(require_api_key)]
@@ -232,9 +233,8 @@ async def _generate(runtime: ServerRuntime, request: AnyRolloutRequest, tracked:
         return JSONResponse(body)
     seen = _StreamOutcomes(sequences)
     ending.outcomes = lambda: seen.outcomes(labels.choices(), labels.request())
-    prefix = "chatcmpl" if tracked.kind == "chat" else "cmpl"
-    shape = StreamShape(tracked.kind, f"{prefix}-{tracked.base_id}", request.model or runtime.model_name, sequences,
-                        bool(getattr(request, "return_token_ids", False)))
+    shape = StreamShape(tracked.kind, response_id(tracked.kind, tracked.base_id), request.model or runtime.model_name,
+                        sequences, bool(getattr(request, "return_token_ids", False)))
     return StreamingResponse(_stream(runtime, result, ChoiceEndings(shape), tracked, fields, seen, labels, ending),
                              media_type="text/event-stream")
 

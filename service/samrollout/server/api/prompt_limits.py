@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from samrollout.server.vllm_serving import TokenizeParams, VLLMValidationError
+from samrollout.server.vllm_compat.vllm_serving import TokenizeParams, VLLMValidationError
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,19 +1,13 @@
 """The running server's engine and RL state: one AsyncLLM, vLLM's serving objects, the weight version.
 
-`start_runtime` turns `ServerSettings` into vLLM's own server arguments (parsed by vLLM's
-parser, so every vLLM default applies), builds the AsyncLLM with SAM, and lets vLLM
-initialise its OpenAI serving objects (`init_app_state`) on the app state; our routes
-call those objects.  The RL operations (weight update, pause, abort by rollout) live here
-so that routes stay thin.
+`startup.start_runtime` builds it.  The RL operations (weight update, pause, sleep, abort by rollout) live
+here so that routes stay thin; what each weight-update mode does is a row of `weights.update_modes`.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import logging
-import os
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -22,14 +16,12 @@ from typing import Any
 
 from starlette.datastructures import State
 
-from samrollout.config import DeviceKind
 from samrollout.engine_steps import METHOD
 from samrollout.metrics import definitions as m
-from samrollout.metrics.definitions import set_scheduling_policy, set_weight_version
+from samrollout.metrics.definitions import set_weight_version
 from samrollout.metrics.rollouts import RolloutTracker
-from samrollout.server.admission import AdmissionScheduler, admission_headroom
-from samrollout.server.bounded_call import call_with_deadline
-from samrollout.server.continuation import (
+from samrollout.server.engine.bounded_call import call_with_deadline
+from samrollout.server.engine.continuation import (
     SequenceProgress,
     continued,
     count_continued,
@@ -37,28 +29,25 @@ from samrollout.server.continuation import (
     recomputed_tokens,
     sequences_in_flight,
 )
-from samrollout.server.drafter_stats_cache import DrafterStatsCache, EngineActivity
+from samrollout.server.engine.drafter_stats_cache import DrafterStatsCache, EngineActivity
+from samrollout.server.engine.scheduled_engine import ScheduledEngineClient
 from samrollout.server.errors import ApiError
-from samrollout.server.generation_gate import GenerationGate
-from samrollout.server.inflight import InflightRegistry
-from samrollout.server.length_predictor import LengthPredictor
-from samrollout.server.queue_limit import QueueLimit
-from samrollout.server.scheduled_engine import ScheduledEngineClient, output_tokens_so_far
-from samrollout.server.settings import ServerSettings, parse_peer_urls
-from samrollout.server.update_modes import update_mode
-from samrollout.server.vllm_argv import vllm_argv
-from samrollout.server.weight_epoch import EpochSaltedEngine, WeightEpoch
-from samrollout.server.weight_labels import WeightLabels, labelling_client
-from samrollout.server.weight_peers import WeightPeers, new_server_id
-from samrollout.server.weight_uploads import WeightUploads, default_max_bytes, default_staging_root
-from samrollout.server.weights_check import (
+from samrollout.server.request_state.inflight import InflightRegistry
+from samrollout.server.request_state.queue_limit import QueueLimit
+from samrollout.server.request_state.request_hold import RequestHold
+from samrollout.server.settings import ServerSettings
+from samrollout.server.weights.update_modes import update_mode
+from samrollout.server.weights.weight_epoch import WeightEpoch
+from samrollout.server.weights.weight_labels import WeightLabels
+from samrollout.server.weights.weight_peers import WeightPeers
+from samrollout.server.weights.weight_uploads import WeightUploads
+from samrollout.server.weights.weights_check import (
     FileOutsideRoot,
     Layout,
     WeightsError,
     check_weights_dir,
-    checkpoint_layout,
 )
-from samrollout.server.weights_root import WeightsRoot
+from samrollout.server.weights.weights_root import WeightsRoot
 from samrollout.spec_decode.stats import ProposerStats
 from samrollout_client.protocol.modes import InFlight, PauseMode
 
@@ -76,44 +65,6 @@ def update_cost(version: str, previous: str, in_flight: InFlight, paused_s: floa
         cost["continued_requests"] = len(carried)
         cost["recomputed_tokens"] = recomputed_tokens(stopped) if mode.preempts else 0
     return cost
-
-
-def resolve_model(settings: ServerSettings) -> str:
-    """The model path to load: the configured one, or the built-in SmolLM2 (converted on first run)."""
-    if settings.model is not None:
-        return settings.model
-    from samrollout.models import ensure_smollm2
-
-    print("samrollout: using the built-in model SmolLM2-135M-Instruct (converted once, then cached)",
-          file=sys.stderr, flush=True)
-    return str(ensure_smollm2())
-
-
-def platform_device_kind() -> DeviceKind:
-    """What vLLM's platform runs the engine on: CUDA GPUs, CPUs, or else (Ascend NPUs) "npu"."""
-    from vllm.platforms import current_platform
-
-    return "cuda" if current_platform.is_cuda() else "cpu" if current_platform.is_cpu() else "npu"
-
-
-def vllm_namespace(settings: ServerSettings, model_path: str) -> argparse.Namespace:
-    """vLLM's server arguments for our settings, parsed and validated by vLLM itself."""
-    from samrollout.server.vllm_serving import (
-        PER_REQUEST_METRICS,
-        FlexibleArgumentParser,
-        make_arg_parser,
-        validate_parsed_serve_args,
-    )
-    from samrollout.server.vllm_version import installed_vllm_version
-
-    if settings.per_request_metrics and not PER_REQUEST_METRICS:
-        logger.info("per-request metrics are off: vLLM %s has no --enable-per-request-metrics (responses carry "
-                    "no `metrics`; /metrics and rollout summaries still count acceptance)", installed_vllm_version())
-    parser = make_arg_parser(FlexibleArgumentParser(prog="samrollout serve (vLLM engine flags)"))  # type: ignore[no-untyped-call]
-    argv = vllm_argv(settings, model_path, platform_device_kind(), per_request_metrics_flags=PER_REQUEST_METRICS)
-    args: argparse.Namespace = parser.parse_args(argv)
-    validate_parsed_serve_args(args)
-    return args
 
 
 @dataclass
@@ -140,7 +91,7 @@ class ServerRuntime:
     labels: WeightLabels | None = None       # which weight version produced each sequence (weight_labels)
     epoch: WeightEpoch = field(default_factory=WeightEpoch)  # prefix-cache salt by weight load (weight_epoch)
     last_update: dict[str, Any] | None = None  # the last weight update's `update_cost`, with its Unix time ("at")
-    generation_gate: GenerationGate | None = None  # AReaL's pause holds new requests here (--areal-routes)
+    generation_gate: RequestHold | None = None  # AReaL's pause holds new requests here (--areal-routes; set by the app)
     weights_root: WeightsRoot = field(default_factory=lambda: WeightsRoot(None))  # where loads by path may read
     activity: EngineActivity | None = None   # requests reaching the engine (drafter_stats_cache); None: count none
 
@@ -161,7 +112,7 @@ class ServerRuntime:
 
     async def pause(self, mode: PauseMode, clear_cache: bool) -> None:
         """Pause generation; with mode "abort", sequences still waiting for admission end too."""
-        from samrollout.server.vllm_serving import pause_engine
+        from samrollout.server.vllm_compat.vllm_serving import pause_engine
 
         if mode == "abort" and isinstance(self.generation, ScheduledEngineClient):
             self.generation.abort_all_waiting()
@@ -294,7 +245,7 @@ class ServerRuntime:
         Unless ``keep_kv``, the KV cache is zeroed (not while the engine sleeps: its memory is
         released then) and the prefix cache dropped.  The drafters start again either way.
         """
-        from samrollout.server.vllm_serving import set_engine_weight_version
+        from samrollout.server.vllm_compat.vllm_serving import set_engine_weight_version
 
         await self.engine.collective_rpc("samrollout_reload_weights", kwargs={
             "weights_path": str(folder), "clear_kv_cache": not keep_kv and self.sleep_level is None})
@@ -339,111 +290,3 @@ class ServerRuntime:
         replies = await self.engine.collective_rpc("samrollout_drafter_stats")
         first: dict[str, Any] | None = replies[0] if replies else None
         return None if first is None else ProposerStats.from_json(first)
-
-
-def build_engine(settings: ServerSettings, model_path: str) -> tuple[Any, argparse.Namespace]:
-    """The AsyncLLM `samrollout serve` runs for ``settings`` and vLLM's parsed server arguments.
-
-    `bench/http_overhead.py` builds its direct-to-engine path with this too, so that both
-    paths run one engine configuration.
-    """
-    from vllm.engine.arg_utils import AsyncEngineArgs
-    from vllm.platforms import current_platform
-    from vllm.usage.usage_lib import UsageContext
-    from vllm.v1.engine.async_llm import AsyncLLM
-
-    from samrollout.cpu_defaults import place_cpu_worker_threads
-    from samrollout.metrics.engine_stats import SamStatLogger
-
-    if current_platform.is_cpu():
-        place_cpu_worker_threads()
-    args = vllm_namespace(settings, model_path)
-    engine_args = AsyncEngineArgs.from_cli_args(args)
-    vllm_config = engine_args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
-    engine = AsyncLLM.from_vllm_config(vllm_config=vllm_config, usage_context=UsageContext.OPENAI_API_SERVER,
-                                       enable_log_requests=engine_args.enable_log_requests,
-                                       disable_log_stats=engine_args.disable_log_stats,
-                                       stat_loggers=[SamStatLogger])
-    return engine, args
-
-
-def generation_client(settings: ServerSettings, engine: Any) -> Any:
-    """The engine client vLLM's serving objects call: ``engine`` itself (fcfs) or length-aware admission to it."""
-    set_scheduling_policy(settings.rollout_scheduling)
-    if settings.rollout_scheduling == "fcfs":
-        return engine
-    slots = int(engine.vllm_config.scheduler_config.max_num_seqs)
-    capacity = slots + admission_headroom(slots)
-    scheduler = AdmissionScheduler(capacity, LengthPredictor(settings.scheduling_history),
-                                   lambda request_id: output_tokens_so_far(engine, request_id))
-    logger.info("length-aware rollout scheduling: at most %d sequences in the engine (%d slots), probes first, "
-                "then the longest predicted groups", capacity, slots)
-    return ScheduledEngineClient(engine, scheduler)
-
-
-async def start_runtime(settings: ServerSettings, state: State) -> ServerRuntime:
-    """Build the engine and vLLM's serving objects for ``settings`` (tens of seconds on CPU)."""
-    from samrollout.server.vllm_serving import init_app_state, set_engine_weight_version
-
-    model_path = resolve_model(settings)
-    try:
-        weights_root = WeightsRoot(settings.weights_root)
-    except ValueError as error:
-        raise RuntimeError(str(error)) from None
-    layout = checkpoint_layout(model_path) if os.path.isdir(model_path) else None
-    uploads = open_weight_uploads(settings, layout)  # before the engine: a bad staging dir fails fast
-    try:
-        engine, args = build_engine(settings, model_path)
-    except BaseException:
-        uploads.close()
-        raise
-    vllm_config = engine.vllm_config
-    if layout is None:  # a hub id: the engine has downloaded it now
-        layout = checkpoint_layout(model_path, vllm_config.model_config.revision, vllm_config.load_config.download_dir)
-        if layout is not None and settings.max_weight_upload_bytes is None:
-            uploads.max_bytes = default_max_bytes(layout)
-    epoch, activity = WeightEpoch(), EngineActivity(engine)
-    generation = generation_client(settings, EpochSaltedEngine(engine, epoch, activity.note_request))
-    labels = WeightLabels(engine, lambda: settings.weight_version)  # then the runtime's (its __post_init__)
-    try:
-        supported = await engine.get_supported_tasks()
-        await init_app_state(labelling_client(generation, labels), state, args, supported)
-        await set_engine_weight_version(engine, settings.weight_version)
-        set_weight_version(settings.weight_version)
-    except BaseException:
-        engine.shutdown()
-        uploads.close()
-        raise
-    model_config = vllm_config.model_config
-    return ServerRuntime(settings=settings, engine=engine, generation=generation, state=state,
-                         model_name=settings.public_model_name(model_path),
-                         vocab_size=int(model_config.get_vocab_size()),
-                         max_model_len=int(model_config.max_model_len),
-                         weight_version=settings.weight_version,
-                         expected_weights=layout,
-                         rollouts=RolloutTracker(settings.threshold, settings.rollout_idle_seconds),
-                         weight_uploads=uploads, labels=labels, epoch=epoch, activity=activity,
-                         generation_gate=GenerationGate() if settings.areal_routes else None,
-                         weights_root=weights_root,
-                         weight_peers=WeightPeers(parse_peer_urls(settings.weight_peers), new_server_id(),
-                                                  settings.api_key.get_secret_value() if settings.api_key else None,
-                                                  settings.weight_upload_idle_seconds),
-                         queue=QueueLimit(int(vllm_config.scheduler_config.max_num_seqs),
-                                          settings.max_queued_requests))
-
-
-def open_weight_uploads(settings: ServerSettings, layout: Layout | None) -> WeightUploads:
-    """The staging area of weights pushed over HTTP, under ``--weight-staging-dir`` (default: the system temp dir).
-
-    A directory that cannot be created or written stops the start with a message naming it.
-    """
-    root = Path(settings.weight_staging_dir) if settings.weight_staging_dir else default_staging_root()
-    max_bytes = settings.max_weight_upload_bytes or default_max_bytes(layout)
-    try:
-        uploads = WeightUploads(root, max_bytes, settings.max_weight_uploads, settings.weight_upload_idle_seconds)
-    except OSError as error:
-        raise RuntimeError(f"cannot stage weight uploads under {str(root)!r} (--weight-staging-dir): "
-                           f"{error.strerror or error}") from None
-    logger.info("weight uploads staged under %s (at most %d open, %d bytes each, expiring after %g s idle)",
-                uploads.folder, uploads.max_uploads, uploads.max_bytes, uploads.idle_seconds)
-    return uploads
