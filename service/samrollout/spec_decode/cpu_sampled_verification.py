@@ -32,7 +32,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from samrollout.post_import import patch_on_import
+from samrollout.vllm_plugins.post_import import patch_on_import
 
 logger = logging.getLogger("vllm.samrollout.cpu_sampled_verification")
 _TARGET_MODULE = "vllm.utils.cpu_triton_utils"

@@ -30,7 +30,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from samrollout.post_import import patch_on_import
+from samrollout.vllm_plugins.post_import import patch_on_import
 
 logger = logging.getLogger("vllm.samrollout.no_draft_sampling")
 _TARGET_MODULE = "vllm.v1.sample.rejection_sampler"

@@ -16,7 +16,6 @@ from typing import Any
 
 from starlette.datastructures import State
 
-from samrollout.engine_steps import METHOD
 from samrollout.metrics import definitions as m
 from samrollout.metrics.definitions import set_weight_version
 from samrollout.metrics.rollouts import RolloutTracker
@@ -49,6 +48,7 @@ from samrollout.server.weights.weights_check import (
 )
 from samrollout.server.weights.weights_root import WeightsRoot
 from samrollout.spec_decode.stats import ProposerStats
+from samrollout.vllm_plugins.engine_steps import METHOD
 from samrollout_client.protocol.modes import InFlight, PauseMode
 
 logger = logging.getLogger("samrollout.server")

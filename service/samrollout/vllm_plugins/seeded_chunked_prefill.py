@@ -23,9 +23,9 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from samrollout.post_import import patch_on_import
+from samrollout.vllm_plugins.post_import import patch_on_import
 
-logger = logging.getLogger("vllm.samrollout.seeded_chunked_prefill")
+logger = logging.getLogger("vllm.samrollout.vllm_plugins.seeded_chunked_prefill")
 _TARGET_MODULE = "vllm.v1.worker.gpu_model_runner"
 _TARGET_CLASS = "GPUModelRunner"
 

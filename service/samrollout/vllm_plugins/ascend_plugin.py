@@ -40,11 +40,11 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from samrollout.post_import import PatchAfterImport as _PatchAfterImport  # noqa: F401  (tests find it on sys.meta_path)
-from samrollout.post_import import patch_on_import
+from samrollout.vllm_plugins.post_import import PatchAfterImport as _PatchAfterImport  # noqa: F401  (tests find it on sys.meta_path)
+from samrollout.vllm_plugins.post_import import patch_on_import
 
 # A child of vLLM's logger, so the lines show up in vLLM's log (format, VLLM_LOGGING_LEVEL) in every process.
-logger = logging.getLogger("vllm.samrollout.ascend_plugin")
+logger = logging.getLogger("vllm.samrollout.vllm_plugins.ascend_plugin")
 
 # vllm-ascend version -> the vLLM version it is built for (vllm-ascend's docs, community/versioning_policy.md).
 SUPPORTED: dict[str, str] = {"0.23.0": "0.23.0", "0.23.0.post1": "0.23.0"}

@@ -21,9 +21,9 @@ import logging
 from concurrent.futures import Future
 from typing import Any
 
-from samrollout.post_import import patch_on_import
+from samrollout.vllm_plugins.post_import import patch_on_import
 
-logger = logging.getLogger("vllm.samrollout.engine_steps")
+logger = logging.getLogger("vllm.samrollout.vllm_plugins.engine_steps")
 _TARGET_MODULE = "vllm.v1.engine.core"
 METHOD = "samrollout_run_steps"  # the utility method's name on vLLM's EngineCore
 
