@@ -43,7 +43,8 @@ def test_a_request_that_fails_or_whose_cleanup_fails_still_gives_everything_back
         raise RuntimeError("cleanup bug")
 
     async def app(scope: Scope, *_: Any) -> None:
-        queue.admit(scope, 2)
+        queue.admit(2)
+        at_request_end(scope, lambda: queue.release(2))
         at_request_end(scope, broken)
         at_request_end(scope, lambda: ran.append("after the broken one"))
         raise ConnectionResetError("the client left")

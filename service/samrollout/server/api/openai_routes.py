@@ -14,14 +14,14 @@ version sampled (more than one after an update with ``in_flight: "continue"``).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar, cast
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from samrollout.metrics.rollouts import SequenceOutcome
 from samrollout.server.api.auth import require_api_key, require_api_key_or_trainer_port
+from samrollout.server.api.request_life import RequestLife, StreamOutcomes, VersionLabels, outcomes_of
 from samrollout.server.api.rl_fields import (
     AnyRolloutRequest,
     RolloutChatCompletionRequest,
@@ -34,10 +34,8 @@ from samrollout.server.engine.runtime import ServerRuntime
 from samrollout.server.errors import ApiError, error_response
 from samrollout.server.request_state.engine_ids import response_id
 from samrollout.server.request_state.inflight import InflightRequest
-from samrollout.server.request_state.request_end import at_request_end
 from samrollout.server.request_state.stream_endings import ChoiceEndings, StreamShape
 from samrollout.server.vllm_compat.vllm_serving import validate_json_request, with_cancellation
-from samrollout.server.weights.weight_labels import WeightLabels
 
 router = APIRouter()
 _KEY = [Depends(require_api_key)]
@@ -104,151 +102,46 @@ def _base_id(raw_request: Request, request_id: str) -> str:
     return raw_request.headers.get("X-Request-Id") or request_id
 
 
-def outcomes_of(body: dict[str, Any]) -> list[SequenceOutcome]:
-    """Each choice's length, finish reason, weight version and (with per-request metrics, n = 1) accepted draft
-    tokens."""
-    choices = body.get("choices") or []
-    spec = ((body.get("metrics") or {}).get("speculative_decoding") or {}) if len(choices) == 1 else {}
-    usage = body.get("usage") or {}
-    outcomes = []
-    for choice in choices:
-        ids = choice.get("token_ids")
-        tokens = len(ids) if isinstance(ids, list) else int(usage.get("completion_tokens", 0)) // max(1, len(choices))
-        outcomes.append(SequenceOutcome(tokens, spec.get("num_accepted_draft_tokens"), choice.get("finish_reason"),
-                                        choice.get("weight_version") or body.get("weight_version")))
-    return outcomes
-
-
-class _RequestLabels:
-    """The weight versions of one HTTP request's sequences (`weight_labels`), as its body and chunks carry them."""
-
-    def __init__(self, runtime: ServerRuntime, tracked: InflightRequest, n: int) -> None:
-        labels = runtime.labels
-        assert labels is not None  # ServerRuntime always has them
-        self.labels: WeightLabels = labels
-        self.engine_ids, self.n = tracked.engine_ids(), n
-
-    def request(self) -> str:
-        """The request's label: the version of its first sampled token."""
-        return self.labels.request(self.engine_ids)
-
-    def choices(self) -> dict[int, str]:
-        """Each labelled choice's version, by choice index."""
-        return self.labels.choices(self.engine_ids, self.n)
-
-    def stamp(self, payload: dict[str, Any], body: bool = False) -> None:
-        """Label a body or chunk: each choice with its sequence's version, the whole with the request's label (a
-        body) or the chunk's choice's (a chunk; the request's label where it carries no labelled choice).  Each
-        choice of a ``body``, and each choice a chunk ends (it has a finish reason), also gets its
-        ``weight_version_spans`` (`weight_labels`): which of its tokens each version sampled, over all its tokens
-        (for a stream: all its chunks')."""
-        labels, choices = self.choices(), payload.get("choices") or []
-        versions = [labels.get(int(choice.get("index", 0))) for choice in choices]
-        request = self.request()
-        spans = self.labels.choice_spans(self.engine_ids, self.n) if choices else {}
-        for choice, version in zip(choices, versions, strict=True):
-            choice["weight_version"] = version or request
-            if body or choice.get("finish_reason") is not None:
-                choice["weight_version_spans"] = spans.get(int(choice.get("index", 0)), [])
-        # A body's label is the request's (its first sampled token's version); a chunk's, its choice's.
-        payload["weight_version"] = request if body else next((v for v in versions if v is not None), request)
-
-    def forget(self) -> None:
-        """The request ended: drop its labels."""
-        self.labels.forget(self.engine_ids)
-
-
-class _StreamOutcomes:
-    """Per-choice token counts and finish reasons gathered from the chunks of a stream of ``choices`` choices."""
-
-    def __init__(self, choices: int) -> None:
-        self.choices = choices
-        self.tokens: dict[int, int] = {}
-        self.finish: dict[int, str | None] = {}
-        self.spec: dict[str, Any] = {}
-
-    def see(self, payload: dict[str, Any]) -> None:
-        for choice in payload.get("choices") or []:
-            index = int(choice.get("index", 0))
-            self.tokens[index] = self.tokens.get(index, 0) + len(choice.get("token_ids") or [])
-            if choice.get("finish_reason") is not None:
-                self.finish[index] = choice["finish_reason"]
-        spec = (payload.get("metrics") or {}).get("speculative_decoding")
-        if spec:
-            self.spec = spec
-
-    def outcomes(self, versions: dict[int, str], request_version: str) -> list[SequenceOutcome]:
-        """One outcome per choice, with its weight version (``versions``, else ``request_version``); a choice
-        the stream never finished (the client hung up) was aborted."""
-        accepted = self.spec.get("num_accepted_draft_tokens") if self.choices == 1 else None
-        return [SequenceOutcome(self.tokens.get(i, 0), accepted, self.finish.get(i) or "abort",
-                                versions.get(i, request_version))
-                for i in range(self.choices)]
-
-
-class _RequestEnding:
-    """What a generation request gives back when it ends, once: its rollout's sequences (with what they did) and its
-    labels.  Called where the response completes, and again, as a backstop, at the end of the request's ASGI call
-    (`request_end`): a stream whose generator never ran (the client left first) still ends."""
-
-    def __init__(self, runtime: ServerRuntime, rollout: str | None, sequences: int, labels: _RequestLabels) -> None:
-        self.runtime, self.rollout, self.sequences, self.labels = runtime, rollout, sequences, labels
-        self.outcomes: Callable[[], list[SequenceOutcome]] = list  # none known (no response began): none counted
-        self.done = False
-        if rollout is not None:
-            runtime.rollouts.begin(rollout, sequences)
-
-    def __call__(self) -> None:
-        if self.done:
-            return
-        self.done = True
-        if self.rollout is not None:
-            self.runtime.rollouts.end(self.rollout, self.sequences, self.outcomes())
-        self.labels.forget()
-
-
 async def _generate(runtime: ServerRuntime, request: AnyRolloutRequest, tracked: InflightRequest,
-                    call: Callable[[], Awaitable[Any]], scope: MutableMapping[str, Any]) -> Response:
+                    call: Callable[[], Awaitable[Any]], life: RequestLife) -> Response:
     """Run vLLM's handler with rollout and in-flight tracking; add the RL fields to what it returns."""
     fields = rl_response_fields(request)
-    sequences = tracked.prompts * (request.n or 1)
-    labels = _RequestLabels(runtime, tracked, request.n or 1)
-    ending = _RequestEnding(runtime, request.rollout_id, sequences, labels)
-    at_request_end(scope, ending)
+    sequences = life.sequences
+    labels = life.start(tracked, request.rollout_id, request.n or 1)
     try:
         with runtime.inflight.track(tracked):
             result = await call()
     except BaseException:
-        ending()
+        life.finish()
         raise
     if hasattr(result, "error") and hasattr(result.error, "code"):  # vLLM's ErrorResponse
-        ending()
+        life.finish()
         return error_response(int(result.error.code), str(result.error.message), result.error.param)
     if hasattr(result, "model_dump"):
         body = result.model_dump(exclude_none=False)
         body.update(fields)
         labels.stamp(body, body=True)  # the versions that sampled its tokens, not the one serving now
-        ending.outcomes = lambda: outcomes_of(body)
-        ending()
+        life.outcomes = lambda: outcomes_of(body)
+        life.finish()
         return JSONResponse(body)
-    seen = _StreamOutcomes(sequences)
-    ending.outcomes = lambda: seen.outcomes(labels.choices(), labels.request())
+    seen = StreamOutcomes(sequences)
+    life.outcomes = lambda: seen.outcomes(labels.choices(), labels.request())
     shape = StreamShape(tracked.kind, response_id(tracked.kind, tracked.base_id), request.model or runtime.model_name,
                         sequences, bool(getattr(request, "return_token_ids", False)))
-    return StreamingResponse(_stream(runtime, result, ChoiceEndings(shape), tracked, fields, seen, labels, ending),
+    return StreamingResponse(_stream(runtime, result, ChoiceEndings(shape), tracked, fields, seen, labels, life),
                              media_type="text/event-stream")
 
 
 async def _stream(runtime: ServerRuntime, chunks: AsyncIterator[str], endings: ChoiceEndings,
-                  tracked: InflightRequest, fields: dict[str, Any], seen: _StreamOutcomes,
-                  labels: _RequestLabels, ending: _RequestEnding) -> AsyncIterator[str]:
+                  tracked: InflightRequest, fields: dict[str, Any], seen: StreamOutcomes,
+                  labels: VersionLabels, life: RequestLife) -> AsyncIterator[str]:
     """vLLM's SSE stream with the RL fields, each chunk labelled with the version that sampled its tokens."""
     try:
         with runtime.inflight.track(tracked):
             async for chunk in annotate_stream(chunks, fields, seen.see, endings, labels.stamp):
                 yield chunk
     finally:
-        ending()
+        life.finish()
 
 
 @router.post("/v1/completions", responses=_ERRORS,
@@ -259,13 +152,13 @@ async def create_completion(request: RolloutCompletionRequest, raw_request: Requ
     runtime = await open_runtime(raw_request)
     prompts = _prompt_count(request.prompt)
     check_limits(runtime, request.n, _prompt_token_lists(request.prompt), prompts)
-    runtime.queue.admit(raw_request.scope, prompts * (request.n or 1))  # 429 when the queue is full
+    life = RequestLife(runtime, raw_request.scope, prompts * (request.n or 1))  # 429 when the queue is full
     request.limit_prompt_tokens(runtime.settings.max_prompt_tokens)
     attach_engine_args(request)
     tracked = InflightRequest(_base_id(raw_request, request.request_id), "completion", prompts, request.rollout_id)
     handler = runtime.state.openai_serving_completion
     return await _generate(runtime, request, tracked,
-                           lambda: handler.create_completion(request, raw_request), raw_request.scope)
+                           lambda: handler.create_completion(request, raw_request), life)
 
 
 @router.post("/v1/chat/completions", responses=_ERRORS, dependencies=[*_KEY, Depends(validate_json_request)])
@@ -277,12 +170,12 @@ async def create_chat_completion(request: RolloutChatCompletionRequest, raw_requ
     if handler is None:
         raise ApiError(400, "this model has no chat template", "messages")
     check_limits(runtime, request.n, [])
-    runtime.queue.admit(raw_request.scope, request.n or 1)  # 429 when the queue is full
+    life = RequestLife(runtime, raw_request.scope, request.n or 1)  # 429 when the queue is full
     request.limit_prompt_tokens(runtime.settings.max_prompt_tokens)
     attach_engine_args(request)
     tracked = InflightRequest(_base_id(raw_request, request.request_id), "chat", 1, request.rollout_id)
     return await _generate(runtime, request, tracked,
-                           lambda: handler.create_chat_completion(request, raw_request), raw_request.scope)
+                           lambda: handler.create_chat_completion(request, raw_request), life)
 
 
 @router.get("/v1/rollouts/{rollout_id}", responses={404: {"description": "unknown rollout"}}, dependencies=_KEY)

@@ -137,6 +137,12 @@ async def start_runtime(settings: ServerSettings, state: State) -> ServerRuntime
         layout = checkpoint_layout(model_path, vllm_config.model_config.revision, vllm_config.load_config.download_dir)
         if layout is not None and settings.max_weight_upload_bytes is None:
             uploads.max_bytes = default_max_bytes(layout)
+    # What vLLM's serving objects generate with is the engine in three thin layers, each adding one thing to
+    # `generate` and passing every other attribute through: the weight epoch's prefix-cache salt and the count
+    # of requests reaching the engine (`EpochSaltedEngine`), length-aware admission (`ScheduledEngineClient`,
+    # absent under fcfs) and the weight version of each output (`labelling_client`).  Kept as layers rather than
+    # one wrapper because each is optional or replaced on its own (fcfs drops admission; tests and
+    # bench/http_overhead.py call the salted engine directly) and each has its own tests.
     epoch, activity = WeightEpoch(), EngineActivity(engine)
     generation = generation_client(settings, EpochSaltedEngine(engine, epoch, activity.note_request))
     labels = WeightLabels(engine, lambda: settings.weight_version)  # then the runtime's (its __post_init__)

@@ -1,8 +1,8 @@
 """The bounded queue: how many sequences the server accepts beyond those its engine runs (``--max-queued-requests``).
 
 Each generation request holds its sequences (prompts x n) from admission until its response
-ends, streamed or not, disconnected or not: the hold is released at the end of the request's
-ASGI call (`request_end`).  A request that would raise the
+ends, streamed or not, disconnected or not: its `RequestLife` (`server.api.request_life`) releases
+the hold at the end of the request's ASGI call (`request_end`).  A request that would raise the
 held sequences past the engine's slots (``max_num_seqs``) plus ``max_queued`` is refused with
 429 and ``Retry-After``, before it reaches the engine; the Python client waits and retries.
 """
@@ -10,7 +10,6 @@ held sequences past the engine's slots (``max_num_seqs``) plus ``max_queued`` is
 from __future__ import annotations
 
 from samrollout.server.errors import ApiError
-from samrollout.server.request_state.request_end import Scope, at_request_end
 
 RETRY_AFTER_S = 2  # what a 429 asks the client to wait: about a decode step's worth of slots freeing up
 
@@ -27,17 +26,17 @@ class QueueLimit:
         """Most sequences held at once."""
         return self.engine_slots + self.max_queued
 
-    def admit(self, scope: Scope, sequences: int) -> None:
-        """Hold ``sequences`` for the request of ``scope`` until it ends; ApiError 429 when they do not fit."""
+    def admit(self, sequences: int) -> None:
+        """Hold ``sequences`` until `release`; ApiError 429 when they do not fit."""
         if self.held + sequences > self.capacity and self.held > 0:
             raise ApiError(429, f"the server is full: {self.held} sequences in progress, {sequences} more asked, at "
                            f"most {self.capacity} ({self.engine_slots} running + --max-queued-requests "
                            f"{self.max_queued}); retry after {RETRY_AFTER_S} s",
                            headers={"Retry-After": str(RETRY_AFTER_S)})
         self.held += sequences
-        at_request_end(scope, lambda: self._release(sequences))
 
-    def _release(self, sequences: int) -> None:
+    def release(self, sequences: int) -> None:
+        """Give back ``sequences`` held by `admit`."""
         self.held -= sequences
 
     def status(self) -> dict[str, int]:
