@@ -17,16 +17,17 @@ from accepted drafts and the tokens per verification.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import random
 import statistics
 import sys
 import tempfile
 import time
-from pathlib import Path
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
+
+from harness import host, interleaved, launch_servers, serving, write_json
 
 ENGINES = ("areal", "samrollout")
 COUNTERS = {"generated": "vllm:generation_tokens_total", "accepted": "samrollout_spec_decode_accepted_tokens_total",
@@ -73,8 +74,8 @@ def epoch(engine: Any, data: list[dict[str, Any]], workflow: Any, n: int, urls: 
             "tokens_per_verification": (delta["accepted"] + delta["drafts"]) / max(delta["drafts"], 1.0)}
 
 
-def main() -> None:
-    """Start the servers, alternate the engines epoch by epoch, print the table, write the JSON."""
+def parse_args() -> argparse.Namespace:
+    """The command line (see the module docstring)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--servers", type=int, default=2)
     parser.add_argument("--prompts", type=int, default=8, help="prompts per engine")
@@ -82,79 +83,100 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--max-new-tokens", type=int, default=192)
     parser.add_argument("--json", dest="json_path")
-    args = parser.parse_args()
+    return parser.parse_args()
 
-    from areal.api.cli_args import GenerationHyperparameters, InferenceEngineConfig, NameResolveConfig
-    from areal.engine.vllm_remote import RemotevLLMEngine
+
+def rlvr_workflow(max_new_tokens: int) -> Any:
+    """AReaL's RLVR workflow over the built-in model's tokenizer, sampling at temperature 1, scoring nothing."""
+    from areal.api.cli_args import GenerationHyperparameters, NameResolveConfig
     from areal.utils import name_resolve
     from areal.workflow import RLVRWorkflow
     from transformers import AutoTokenizer
 
     from samrollout.models import ensure_smollm2
-    from samrollout.testing import free_port, launch_server
+
+    name_resolve.reconfigure(NameResolveConfig(type="nfs", nfs_record_root=tempfile.mkdtemp()))
+    tokenizer = AutoTokenizer.from_pretrained(str(ensure_smollm2()))
+    return RLVRWorkflow(reward_fn=zero_reward, tokenizer=tokenizer, gconfig=GenerationHyperparameters(
+        max_new_tokens=max_new_tokens, temperature=1.0))
+
+
+@contextmanager
+def started_engines(args: argparse.Namespace, urls: list[str]) -> Iterator[dict[str, Any]]:
+    """AReaL's engine and ours, initialised against the servers at ``urls``; destroyed however the block ends."""
+    from areal.api.cli_args import InferenceEngineConfig
+    from areal.engine.vllm_remote import RemotevLLMEngine
+
     from samrollout_client.areal import SamrolloutEngine
 
-    model_dir = ensure_smollm2()
-    servers = [launch_server(["--areal-routes", "--max-model-len", "1024", "--gpu-memory-utilization", "0.1",
-                              "--log-level", "warning"], Path(f"/tmp/samrollout-areal-bench-{i}.log"),
-                             port=free_port()) for i in range(args.servers)]
-    print(f"starting {args.servers} servers (logs: /tmp/samrollout-areal-bench-*.log) ...", file=sys.stderr,
-          flush=True)
-    name_resolve.reconfigure(NameResolveConfig(type="nfs", nfs_record_root=tempfile.mkdtemp()))
-    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-    workflow = RLVRWorkflow(reward_fn=zero_reward, tokenizer=tokenizer, gconfig=GenerationHyperparameters(
-        max_new_tokens=args.max_new_tokens, temperature=1.0))
-    data = {name: questions(seed, args.prompts) for seed, name in enumerate(ENGINES)}
-    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in ENGINES}
+    os.environ["AREAL_LLM_SERVER_ADDRS"] = ",".join(url.removeprefix("http://") for url in urls)
     engines: dict[str, Any] = {}
     try:
-        for server in servers:
-            server.ready()
-        urls = [server.url for server in servers]
-        os.environ["AREAL_LLM_SERVER_ADDRS"] = ",".join(url.removeprefix("http://") for url in urls)
         for name, kind in zip(ENGINES, (RemotevLLMEngine, SamrolloutEngine), strict=True):
             engines[name] = kind(InferenceEngineConfig(
                 backend=f"vllm:d{args.servers}", experiment_name="bench", trial_name=name,
                 max_concurrent_rollouts=args.prompts * args.n, consumer_batch_size=args.prompts * args.n,
                 max_head_offpolicyness=args.epochs, request_timeout=3600))
             engines[name].initialize()
-        for index in range(args.epochs):
-            order = ENGINES if index % 2 == 0 else tuple(reversed(ENGINES))
-            for name in order:
-                run = epoch(engines[name], data[name], workflow, args.n, urls)
-                runs[name].append(run)
-                print(f"epoch {index + 1}/{args.epochs} {name:<11}: {run['seconds']:.1f} s, "
-                      f"{run['accepted_share']:.1%} of tokens from drafts", file=sys.stderr, flush=True)
+        yield engines
     finally:
         for engine in engines.values():
             engine.destroy()
-        for server in servers:
-            server.stop()
 
+
+def run(args: argparse.Namespace) -> dict[str, list[dict[str, Any]]]:
+    """Start the servers and both engines, roll out every epoch, the engines alternating: each engine's epochs."""
+    flow = rlvr_workflow(args.max_new_tokens)  # the built-in model converted once, before the servers start
+    servers = launch_servers(args.servers, ["--areal-routes", "--max-model-len", "1024", "--gpu-memory-utilization",
+                                            "0.1", "--log-level", "warning"], "samrollout-areal-bench")
+    data = {name: questions(seed, args.prompts) for seed, name in enumerate(ENGINES)}
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in ENGINES}
+    with serving(servers) as urls, started_engines(args, urls) as engines:
+        for index, name in interleaved(ENGINES, args.epochs):
+            result = epoch(engines[name], data[name], flow, args.n, urls)
+            runs[name].append(result)
+            print(f"epoch {index + 1}/{args.epochs} {name:<11}: {result['seconds']:.1f} s, "
+                  f"{result['accepted_share']:.1%} of tokens from drafts", file=sys.stderr, flush=True)
+    return runs
+
+
+def summarise(runs: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """Per engine: seconds over every epoch, and the share of tokens from drafts, in all and after the first."""
+    return {name: {"seconds_total": sum(r["seconds"] for r in rows),
+                   "accepted_share_mean": statistics.fmean(r["accepted_share"] for r in rows),
+                   "accepted_share_after_first_epoch": statistics.fmean(r["accepted_share"] for r in rows[1:])
+                   if len(rows) > 1 else None}
+            for name, rows in runs.items()}
+
+
+def print_table(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]],
+                summary: dict[str, dict[str, Any]]) -> None:
+    """Every epoch of each engine, then each engine's totals."""
     print(f"\n{args.servers} servers, {args.prompts} prompts x n={args.n} per engine, {args.max_new_tokens} new "
           "tokens at most, temperature 1")
     print(f"{'epoch':<7}{'engine':<12}{'seconds':>9}{'responses/s':>13}{'output tokens':>15}{'from drafts':>13}"
           f"{'tokens/verif.':>15}")
     for index in range(args.epochs):
         for name in ENGINES:
-            run = runs[name][index]
-            print(f"{index + 1:<7}{name:<12}{run['seconds']:>9.1f}{run['responses_per_s']:>13.2f}"
-                  f"{run['output_tokens']:>15.0f}{run['accepted_share']:>13.1%}{run['tokens_per_verification']:>15.2f}")
-    summary = {name: {"seconds_total": sum(r["seconds"] for r in rows),
-                      "accepted_share_mean": statistics.fmean(r["accepted_share"] for r in rows),
-                      "accepted_share_after_first_epoch": statistics.fmean(r["accepted_share"] for r in rows[1:])
-                      if len(rows) > 1 else None}
-               for name, rows in runs.items()}
-    for name, row in summary.items():
-        print(f"{name}: {row['seconds_total']:.1f} s over {args.epochs} epochs; {row['accepted_share_mean']:.1%} of "
-              "tokens from drafts")
-    result = {"model": "SmolLM2-135M-Instruct (built-in)", "servers": args.servers, "prompts": args.prompts,
-              "n": args.n, "epochs": args.epochs, "max_new_tokens": args.max_new_tokens, "runs": runs,
-              "summary": summary, "cpu_count": os.cpu_count(),
-              "machine": platform.processor() or platform.machine()}
+            row = runs[name][index]
+            print(f"{index + 1:<7}{name:<12}{row['seconds']:>9.1f}{row['responses_per_s']:>13.2f}"
+                  f"{row['output_tokens']:>15.0f}{row['accepted_share']:>13.1%}{row['tokens_per_verification']:>15.2f}")
+    for name, totals in summary.items():
+        print(f"{name}: {totals['seconds_total']:.1f} s over {args.epochs} epochs; {totals['accepted_share_mean']:.1%} "
+              "of tokens from drafts")
+
+
+def main() -> None:
+    """Start the servers, alternate the engines epoch by epoch, print the table, write the JSON."""
+    args = parse_args()
+    runs = run(args)
+    summary = summarise(runs)
+    print_table(args, runs, summary)
     if args.json_path:
-        Path(args.json_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json_path).write_text(json.dumps(result, indent=2) + "\n")
+        write_json(args.json_path, {"model": "SmolLM2-135M-Instruct (built-in)", "servers": args.servers,
+                                    "prompts": args.prompts, "n": args.n, "epochs": args.epochs,
+                                    "max_new_tokens": args.max_new_tokens, "runs": runs, "summary": summary,
+                                    **host()})
 
 
 if __name__ == "__main__":

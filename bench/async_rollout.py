@@ -68,7 +68,6 @@ import itertools
 import json
 import math
 import os
-import platform
 import random
 import re
 import statistics
@@ -84,6 +83,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from harness import host, write_json
 from samrollout_client.rollout_rules import LOOP_MODES, update_mode
 
 HERE = Path(__file__).resolve().parent
@@ -604,14 +604,13 @@ def main() -> None:
         "command": " ".join(["bench/async_rollout.py", *sys.argv[1:]]),
         "model": "SmolLM2-135M-Instruct (built-in)",
         "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-        "cpu_count": os.cpu_count(), "machine": platform.processor() or platform.machine()})
+        **host()})
     base = result["modes"].get("sync-wait", {}).get("samples_per_s")
     if base:
         result["samples_per_s_vs_sync_wait"] = {m: r["samples_per_s"] / base for m, r in result["modes"].items()}
     report(result)
     if args.json_path:
-        args.json_path.parent.mkdir(parents=True, exist_ok=True)
-        args.json_path.write_text(json.dumps(result, indent=2) + "\n")
+        write_json(args.json_path, result)
     if args.plot:
         args.plot.parent.mkdir(parents=True, exist_ok=True)
         plot(result, args.plot)

@@ -33,6 +33,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from harness import write_json
+
 HERE = Path(__file__).resolve().parent
 GREEDY_MODES = {"off": "off", "suffix": "suffix", "previous": "sam-static", "default": "sam-default"}
 SAMPLED_MODES = ("off", "previous", "default", "suffix")
@@ -182,7 +184,7 @@ def main() -> None:
                 print(f"{kind:<8}{mode:<10}{figures['makespan_s']:>8.2f} s  x off {figures['makespan_s'] / off:.3f}  "
                       + "  ".join(f"{k} {v:.3f}" for k, v in against.items()))
     if args.json:
-        args.json.write_text(json.dumps(result, indent=1) + "\n")
+        write_json(args.json, result, indent=1)
     if args.plot:
         plot(result, args.plot)
 

@@ -28,15 +28,14 @@ draft token, whole-rollout MAL) and writes every number to ``--json``.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from harness import write_json
 from samrollout.drafter import DraftPolicy
 from samrollout.replay.command import split_history
 from samrollout.replay.protocol import ReplayDrafter, remember
@@ -316,8 +315,7 @@ def main() -> None:
                   f"{row['rejected_per_accepted']:>9.2f}{row['mal']:>7.3f}")
         report["files"].append({"traces": path, "rows": rows})
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+        write_json(args.json, report)
 
 
 if __name__ == "__main__":

@@ -44,6 +44,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from harness import write_json
 from plotting import save, subplots
 
 os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
@@ -449,8 +450,7 @@ def main() -> None:
             point["status"] = "skipped: no engine measured it"
     result["wall_s"] = time.monotonic() - started
     if args.json_path:
-        Path(args.json_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json_path).write_text(json.dumps(result, indent=1) + "\n")
+        write_json(args.json_path, result, indent=1)
     print_table(result, args.qs)
     print(f"\nwall time {result['wall_s']:.0f} s")
     if args.plot_path:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import secrets
 import shutil
 import subprocess
@@ -30,6 +29,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from harness import write_json
 from provenance import ROOT, command_line, git_commit
 
 sys.path.insert(0, str(ROOT / "examples"))
@@ -145,8 +145,7 @@ def write_results(args: argparse.Namespace, commit: str, results: dict[str, Any]
               f"{summary['wrong_version_tokens']:13d} {summary['drafter']['acceptance_rate']:7.2f}")
     payload = {"command": command_line("grpo_cpu_run.py"), "commit": commit,
                "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "servers": args.servers, "modes": results}
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(payload, indent=1) + "\n")
+    write_json(args.json, payload, indent=1)
     print(f"wrote {args.json}")
 
 

@@ -32,6 +32,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from harness import write_json
 from provenance import ROOT, command_line, git_commit
 
 COST = ROOT / "service" / "samrollout" / "cost_tables" / "h100-qwen3-8b.json"
@@ -152,8 +153,7 @@ def main() -> None:
     payload = {"command": command_line("grpo_trace_value.py"), "commit": commit,
                "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "traces": str(args.traces),
                "epochs": sorted(epochs), "per_epoch": rows, "placement_2_instances": placed}
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(payload, indent=1) + "\n")
+    write_json(args.json, payload, indent=1)
     if args.plot:
         plot(rows, args.plot)
     print(f"wrote {args.json}")

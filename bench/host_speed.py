@@ -21,7 +21,6 @@ cores are usually faster, so charging at the reference speed charges the drafter
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import subprocess
 import time
@@ -29,6 +28,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from harness import write_json
 
 REFERENCE_HOST = "2-core AMD EPYC (avx512_bf16) virtual machine, the project's CI machine class, quiet, 2026-11-28"
 REFERENCE_SECONDS = 1.05  # the workload's median thread CPU time there (two quiet runs on 2026-11-28: 1.03, 1.09 s)
@@ -102,7 +103,7 @@ def main() -> None:
     print(f"{result['cpu']}: {result['seconds']:.3f} s (runs {', '.join(f'{r:.3f}' for r in result['runs'])}); "
           f"speed {result['speed']:.2f}x the reference ({REFERENCE_HOST}: {REFERENCE_SECONDS:.3f} s)")
     if args.json:
-        args.json.write_text(json.dumps(result, indent=1) + "\n")
+        write_json(args.json, result, indent=1)
 
 
 if __name__ == "__main__":

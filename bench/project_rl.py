@@ -37,6 +37,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from harness import write_json
+
 HERE = Path(__file__).resolve().parent
 TRACES = HERE.parent.parent / "shared" / "data" / "reasoning-traces"
 SKY = str(TRACES / "skyt1-ckpt-aime24.jsonl.gz")
@@ -188,9 +190,8 @@ def main() -> None:
             if name in wanted:
                 for raw in run_one(name, arguments, args.tokenizer, args.jobs, f"0,{scale:.4f}", Path(work)):
                     projections += shaped(raw)
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps({"commit": commit, "command": command_line("project_rl.py"),
-                                     "host_speed": host, "projections": projections}, indent=1) + "\n")
+    write_json(args.json, {"commit": commit, "command": command_line("project_rl.py"), "host_speed": host,
+                           "projections": projections}, indent=1)
     print_table(projections)
     if args.plot:
         plot(projections, args.plot)

@@ -21,6 +21,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from harness import write_json
+
 HERE = Path(__file__).resolve().parent
 TRACES = HERE.parent.parent / "shared" / "data" / "reasoning-traces"
 MODES = ("off+fcfs,off+length-aware,suffix+fcfs,suffix+length-aware,samrollout-static+length-aware,"
@@ -87,8 +89,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as work:
         for scale in (0.0, host["drafter_time_scale"]):
             projections += run(args.tokenizer, scale, Path(work))
-    args.json.write_text(json.dumps({"commit": commit, "command": command_line("project_step.py"),
-                                     "host_speed": host, "projections": projections}, indent=1) + "\n")
+    write_json(args.json, {"commit": commit, "command": command_line("project_step.py"), "host_speed": host,
+                           "projections": projections}, indent=1)
     print_table(projections)
     if args.plot:
         from samrollout.sim.command import write_plot

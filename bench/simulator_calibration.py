@@ -42,6 +42,7 @@ from pathlib import Path
 from statistics import median
 from typing import Any
 
+from harness import write_json
 from plotting import save, subplots
 
 HERE = Path(__file__).resolve().parent
@@ -163,8 +164,8 @@ def ranking_kept(modes: dict[str, dict[str, Any]], measured: str = "measured_s",
     return {"pairs_checked": checked, "pairs_kept": kept, "pairs_broken": broken}
 
 
-def main() -> None:
-    """Measure the cost table and the modes, simulate the modes, print and write the comparison."""
+def parse_args() -> argparse.Namespace:
+    """The command line (see the module docstring)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--modes", default=DEFAULT_MODES)
     parser.add_argument("--rounds", type=int, default=3)
@@ -179,10 +180,11 @@ def main() -> None:
     parser.add_argument("--measured", help="use this spec_engine JSON instead of running the modes")
     parser.add_argument("--json")
     parser.add_argument("--plot")
-    args = parser.parse_args()
-    work = Path(f"/tmp/simulator_calibration_{os.getpid()}")
-    work.mkdir(parents=True, exist_ok=True)
-    started = time.perf_counter()
+    return parser.parse_args()
+
+
+def cost_table(args: argparse.Namespace, work: Path) -> Path:
+    """The cost table's path: ``--cost`` (or the table an earlier report holds), else one measured now."""
     cost_path = Path(args.cost) if args.cost else work / "engine-cost-cpu.json"
     given = json.loads(read_text(cost_path)) if args.cost else {}
     if "cost_table" in given:  # an earlier report: the table it measured
@@ -190,17 +192,27 @@ def main() -> None:
         cost_path.write_text(json.dumps(given["cost_table"]))
     if not args.cost:
         _run([sys.executable, str(HERE / "engine_cost.py"), *args.cost_args.split(), "--json", str(cost_path)])
+    return cost_path
+
+
+def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    """Each mode's spec_engine summary: ``--measured``, else the rounds run now (kept beside ``--json``)."""
     measured_path = Path(args.measured) if args.measured else work / "spec-engine.json"
     if not args.measured:
         _run([sys.executable, str(HERE / "spec_engine.py"), "--modes", args.modes, "--repeats", str(args.rounds),
               "--batch-sizes", "", "--k", str(args.k), "--threshold", str(args.threshold), "--tail", str(args.tail),
               "--json", str(measured_path)])
-    measured = {r["mode"]: r for r in json.loads(read_text(measured_path))["results"]}
     if args.json and not args.measured:
         keep = Path(args.json).with_name(Path(args.json).stem + "-measured.json.gz")
         keep.parent.mkdir(parents=True, exist_ok=True)
         with gzip.open(keep, "wt", encoding="utf-8") as handle:
             handle.write(measured_path.read_text())
+    return {r["mode"]: r for r in json.loads(read_text(measured_path))["results"]}
+
+
+def simulate_rounds(args: argparse.Namespace, measured: dict[str, Any], cost_path: Path,
+                    work: Path) -> tuple[dict[str, dict[str, Any]], int]:
+    """Every mode's measured rounds against the same rounds simulated on their own tokens; and the slots."""
     modes: dict[str, dict[str, Any]] = {}
     slots = 0
     for mode, summary in measured.items():
@@ -211,7 +223,11 @@ def main() -> None:
             slots = int(run["rollout"]["max_num_seqs"])
             rounds.append(simulate_mode(mode, traces, cost_path, slots, args.k, args.threshold, args.tail))
         modes[mode] = compare(summary, rounds)
-    ranking = ranking_kept(modes)
+    return modes, slots
+
+
+def print_table(modes: dict[str, dict[str, Any]], ranking: dict[str, Any]) -> None:
+    """Per mode: measured against simulated makespan, steps and MAL; then whether the ranking is kept."""
     print(f"\n{'mode':<18}{'measured s':>11}{'range':>15}{'simulated s':>12}{'error':>8}{'steps m/s':>14}"
           f"{'MAL m/s':>12}")
     for mode, row in modes.items():
@@ -221,12 +237,23 @@ def main() -> None:
               f"{row['measured_mal']:>6.2f}/{row['simulated_mal']:<5.2f}")
     print(f"ranking: {ranking['pairs_kept']} of {ranking['pairs_checked']} separable pairs kept"
           + (f"; broken: {ranking['pairs_broken']}" if ranking["pairs_broken"] else ""))
-    report = {"options": vars(args), "slots": slots, "cost_table": json.loads(read_text(cost_path)),
-              "modes": modes, "ranking": ranking, "max_abs_error": max(abs(r["error"]) for r in modes.values()),
-              "wall_s": time.perf_counter() - started}
+
+
+def main() -> None:
+    """Measure the cost table and the modes, simulate the modes, print and write the comparison."""
+    args = parse_args()
+    work = Path(f"/tmp/simulator_calibration_{os.getpid()}")
+    work.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    cost_path = cost_table(args, work)
+    modes, slots = simulate_rounds(args, measure(args, work), cost_path, work)
+    ranking = ranking_kept(modes)
+    print_table(modes, ranking)
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
+        write_json(args.json, {"options": vars(args), "slots": slots, "cost_table": json.loads(read_text(cost_path)),
+                               "modes": modes, "ranking": ranking,
+                               "max_abs_error": max(abs(r["error"]) for r in modes.values()),
+                               "wall_s": time.perf_counter() - started}, indent=1)
     if args.plot:
         plot(modes, args.plot)
 

@@ -44,6 +44,7 @@ from typing import Any
 
 import numpy as np
 
+from harness import write_json
 from simulator_calibration import ranking_kept
 
 HERE = Path(__file__).resolve().parent
@@ -171,8 +172,7 @@ def main() -> None:
               "ranking": ranking, "max_abs_error": max(abs(r["error"]) for r in modes.values()),
               "wall_s": time.perf_counter() - started}
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+        write_json(args.json, result, indent=1)
 
 
 def _rounds(report: dict[str, Any], mode: str) -> list[dict[str, Any]]:

@@ -48,6 +48,7 @@ from typing import Any
 
 import httpx
 
+from harness import write_json
 from plotting import save, subplots
 
 API_KEY = "soak-key"
@@ -368,8 +369,8 @@ def write_plot(samples: list[dict[str, Any]], path: str, warmup_s: float) -> Non
     save(fig, path)
 
 
-def main() -> None:
-    """Start the server, run the load, print the table, write the JSON (and the plot)."""
+def parse_args() -> argparse.Namespace:
+    """The command line (see the module docstring)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--minutes", type=float, default=30.0)
     parser.add_argument("--warmup-minutes", type=float, default=5.0)
@@ -379,74 +380,110 @@ def main() -> None:
     parser.add_argument("--sample-seconds", type=float, default=10.0)
     parser.add_argument("--json", dest="json_path")
     parser.add_argument("--plot")
-    args = parser.parse_args()
+    return parser.parse_args()
 
+
+def nan_checkpoint(model_dir: Path, work: Path) -> Path:
+    """A copy of the built-in checkpoint with every floating-point tensor NaN, in ``work/nan`` (a bad request)."""
     import torch
     from safetensors.torch import load_file, save_file
 
-    from samrollout.models import ensure_smollm2
-    from samrollout.testing import start_server
-
-    model_dir = ensure_smollm2()
-    work = Path(tempfile.mkdtemp(prefix="samrollout-soak-"))
     (weights,) = model_dir.glob("*.safetensors")
     nan_dir = work / "nan"
     nan_dir.mkdir()
     save_file({k: torch.full_like(v, float("nan")) if v.is_floating_point() else v
                for k, v in load_file(str(weights)).items()}, str(nan_dir / weights.name), metadata={"format": "pt"})
-    server = start_server(["--api-key", API_KEY], work / "server.log")
-    tally, pushes, samples = Tally(), [], []
-    stop = asyncio.Event()
+    return nan_dir
 
-    async def run() -> None:
-        start = time.perf_counter()
-        watcher = asyncio.create_task(sampler(server.url, server.process.pid, samples, start, args.sample_seconds,
-                                              stop))
+
+@dataclass
+class SoakRun:
+    """What a soak left: every request's outcome, the weight pushes, the samples, and how the server ended."""
+
+    tally: Tally = field(default_factory=Tally)
+    pushes: list[dict[str, Any]] = field(default_factory=list)
+    samples: list[dict[str, Any]] = field(default_factory=list)
+    alive: bool = False
+    exit_code: int = 0
+
+
+def soak(args: argparse.Namespace) -> SoakRun:
+    """Start the server, run the load with the sampler alongside, stop the server."""
+    from samrollout.models import ensure_smollm2
+    from samrollout.testing import start_server
+
+    model_dir = ensure_smollm2()
+    work = Path(tempfile.mkdtemp(prefix="samrollout-soak-"))
+    nan_dir = nan_checkpoint(model_dir, work)
+    server = start_server(["--api-key", API_KEY], work / "server.log")
+    done = SoakRun()
+
+    async def load_and_watch() -> None:
+        stop = asyncio.Event()
+        watcher = asyncio.create_task(sampler(server.url, server.process.pid, done.samples, time.perf_counter(),
+                                              args.sample_seconds, stop))
         try:
-            await run_load(server.url, model_dir, nan_dir, args, tally, pushes)
+            await run_load(server.url, model_dir, nan_dir, args, done.tally, done.pushes)
         finally:
             stop.set()
             await watcher
 
     try:
-        asyncio.run(run())
+        asyncio.run(load_and_watch())
     finally:
-        alive = server.process.poll() is None
-        exit_code = server.stop()
-    warmup_s = args.warmup_minutes * 60
-    trends = summarise(samples, warmup_s)
+        done.alive = server.process.poll() is None
+        done.exit_code = server.stop()
+    return done
+
+
+def report(args: argparse.Namespace, done: SoakRun) -> dict[str, Any]:
+    """The result JSON: losses, health, trends after the warm-up, latency by phase, outcomes, pushes, samples."""
+    tally, samples = done.tally, done.samples
     phases = {phase: {"requests": len(values), "p50_s": percentile(values, 0.5), "p99_s": percentile(values, 0.99)}
               for phase, values in sorted(tally.latencies.items()) if values}
-    result = {"minutes": args.minutes, "warmup_minutes": args.warmup_minutes, "lost_requests": len(tally.lost),
-              "lost_examples": tally.lost[:20], "unhealthy_samples": sum(not s["healthy"] for s in samples),
-              "server_alive_at_end": alive, "server_exit_code": exit_code,
-              **trends, "phases": phases,
-              "outcomes": {k: dict(v) for k, v in sorted(tally.outcomes.items())},
-              "weight_pushes": pushes, "samples": samples,
-              "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
-              "command": " ".join(sys.argv)}
-    print(f"lost requests: {len(tally.lost)}; unhealthy samples: {result['unhealthy_samples']}; "
-          f"server alive at the end: {alive}, exit code {exit_code}")
+    return {"minutes": args.minutes, "warmup_minutes": args.warmup_minutes, "lost_requests": len(tally.lost),
+            "lost_examples": tally.lost[:20], "unhealthy_samples": sum(not s["healthy"] for s in samples),
+            "server_alive_at_end": done.alive, "server_exit_code": done.exit_code,
+            **summarise(samples, args.warmup_minutes * 60), "phases": phases,
+            "outcomes": {k: dict(v) for k, v in sorted(tally.outcomes.items())},
+            "weight_pushes": done.pushes, "samples": samples,
+            "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
+            "command": " ".join(sys.argv)}
+
+
+def print_report(result: dict[str, Any]) -> None:
+    """Losses and health, the slopes of every sampled level, the drafting history, latency by phase."""
+    print(f"lost requests: {result['lost_requests']}; unhealthy samples: {result['unhealthy_samples']}; "
+          f"server alive at the end: {result['server_alive_at_end']}, exit code {result['server_exit_code']}")
+    pushes = result["weight_pushes"]
     print(f"weight pushes: {sum(p['ok'] for p in pushes)}/{len(pushes)} ok")
     print(f"{'after warm-up, % of the mean per 10 min':<40}{'slope':>10}{'floor slope':>14}{'2nd half':>10}")
-    for key, value in trends["slopes_pct_per_10min"].items():
-        floor = trends["floor_slopes_pct_per_10min"][key]
-        late = trends["second_half_floor_slopes_pct_per_10min"][key]
+    for key, value in result["slopes_pct_per_10min"].items():
+        floor = result["floor_slopes_pct_per_10min"][key]
+        late = result["second_half_floor_slopes_pct_per_10min"][key]
         print(f"  {key:<38}{'n/a' if value is None else f'{value:+.2f}%':>10}"
               f"{'n/a' if floor is None else f'{floor:+.2f}%':>14}{'n/a' if late is None else f'{late:+.2f}%':>10}")
-    held = [s["history_tokens"] for s in samples if s.get("history_tokens") is not None]
+    held = [s["history_tokens"] for s in result["samples"] if s.get("history_tokens") is not None]
     if held:
         print(f"drafting history: {held[0]} -> {held[-1]} tokens (bounded by --draft-history-tokens)")
     print(f"{'phase':<14}{'requests':>10}{'p50 s':>10}{'p99 s':>10}")
-    for phase, row in phases.items():
+    for phase, row in result["phases"].items():
         print(f"{phase:<14}{row['requests']:>10}{row['p50_s']:>10.3f}{row['p99_s']:>10.3f}")
     unexpected = {k: v for k, v in result["outcomes"].items() if set(v) - {"ok"}}
     if unexpected:
         print("outcomes other than ok:", json.dumps(unexpected))
+
+
+def main() -> None:
+    """Start the server, run the load, print the table, write the JSON (and the plot)."""
+    args = parse_args()
+    done = soak(args)
+    result = report(args, done)
+    print_report(result)
     if args.json_path:
-        Path(args.json_path).write_text(json.dumps(result, indent=1) + "\n")
+        write_json(args.json_path, result, indent=1)
     if args.plot:
-        write_plot(samples, args.plot, warmup_s)
+        write_plot(done.samples, args.plot, args.warmup_minutes * 60)
 
 
 if __name__ == "__main__":

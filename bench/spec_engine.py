@@ -30,6 +30,8 @@ from pathlib import Path
 from statistics import median
 from typing import Any
 
+from harness import in_turn, interleaved, write_json
+
 os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # collective_rpc(proposer_stats)
 
 MODES: dict[str, dict[str, Any] | None] = {
@@ -140,7 +142,6 @@ def _group(index: int, prompts: int, args: argparse.Namespace) -> dict[str, Any]
 
 def run_mode(mode: str, args: argparse.Namespace) -> dict[str, Any]:
     """Everything measured for one mode (runs inside its own process)."""
-    import numpy as np
     from vllm import LLM, SamplingParams
 
     from samrollout.engine import use_every_cpu_core
@@ -148,21 +149,41 @@ def run_mode(mode: str, args: argparse.Namespace) -> dict[str, Any]:
 
     use_every_cpu_core()  # every mode's worker gets the cores the server gives it
     llm = LLM(**_engine_args(mode, args.k, args.threshold))
-    chats = [[{"role": "user", "content": q}] for q in QUESTIONS]
+    chats: list[Any] = [[{"role": "user", "content": q}] for q in QUESTIONS]
     llm.chat(chats[:2], SamplingParams(temperature=0, max_tokens=16), use_tqdm=False)  # warm-up
-    out: dict[str, Any] = {"mode": mode, "batches": []}
-    for batch in args.batch_sizes:
-        before = _spec_counts(llm)
-        convs = [chats[i % len(chats)] for i in range(batch)]
-        params = [SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens,
-                                 extra_args=_group(i, len(chats), args)) for i in range(batch)]
-        start = time.perf_counter()
-        results = llm.chat(convs, params, use_tqdm=False)
-        seconds = time.perf_counter() - start
-        tokens = sum(len(r.outputs[0].token_ids) for r in results)
-        out["batches"].append({"batch": batch, "tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds,
-                               **_acceptance(before, _spec_counts(llm))})
-    # Rollout: heavy-tailed lengths (most short, a few long), all submitted at once.
+    out: dict[str, Any] = {"mode": mode, "batches": [batch_throughput(llm, chats, batch, args)
+                                                     for batch in args.batch_sizes]}
+    out["rollout"] = rollout(llm, chats, args)
+    setting = MODES[mode]
+    if setting is not None and setting["method"] == "sam":
+        proposer = ProposerStats.from_json(llm.collective_rpc(proposer_stats)[0])
+        out["drafter_us_per_step"] = 1e6 * proposer.propose_seconds / max(1, proposer.steps)
+        out["step_cost"] = proposer.to_json()["step_cost"]  # the adaptive policy's fit: [u, w, v, observations]
+    return out
+
+
+def batch_throughput(llm: Any, chats: list[Any], batch: int, args: argparse.Namespace) -> dict[str, Any]:
+    """Decode throughput and acceptance of one batch of ``batch`` chats, all submitted at once."""
+    from vllm import SamplingParams
+
+    before = _spec_counts(llm)
+    convs = [chats[i % len(chats)] for i in range(batch)]
+    params = [SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens,
+                             extra_args=_group(i, len(chats), args)) for i in range(batch)]
+    start = time.perf_counter()
+    results = llm.chat(convs, params, use_tqdm=False)
+    seconds = time.perf_counter() - start
+    tokens = sum(len(r.outputs[0].token_ids) for r in results)
+    return {"batch": batch, "tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds,
+            **_acceptance(before, _spec_counts(llm))}
+
+
+def rollout(llm: Any, chats: list[Any], args: argparse.Namespace) -> dict[str, Any]:
+    """The rollout: heavy-tailed lengths (most short, a few long), all submitted at once, stepped to the end;
+    its makespan, its tail, its engine steps and every finished request's tokens."""
+    import numpy as np
+    from vllm import SamplingParams
+
     rng = np.random.default_rng(0)
     lengths = np.minimum((rng.pareto(1.2, size=args.rollout) + 1) * 24, args.rollout_max).astype(int).tolist()
     convs = [chats[i % len(chats)] for i in range(args.rollout)]
@@ -191,18 +212,11 @@ def run_mode(mode: str, args: argparse.Namespace) -> dict[str, Any]:
     makespan = max(finished)
     finished.sort()
     tail_start = finished[-args.tail - 1] if len(finished) > args.tail else 0.0
-    out["rollout"] = {"requests": args.rollout, "tokens": sum(lengths), "makespan_s": makespan,
-                      "tail_s": makespan - tail_start, "tail_share": (makespan - tail_start) / makespan,
-                      "steps": steps, "tail_steps": tail_steps,
-                      "mean_acceptance_length": acceptance["mean_acceptance_length"],
-                      "max_num_seqs": int(llm.llm_engine.vllm_config.scheduler_config.max_num_seqs),
-                      "sequences": sorted(sequences, key=lambda seq: seq["request"])}
-    setting = MODES[mode]
-    if setting is not None and setting["method"] == "sam":
-        proposer = ProposerStats.from_json(llm.collective_rpc(proposer_stats)[0])
-        out["drafter_us_per_step"] = 1e6 * proposer.propose_seconds / max(1, proposer.steps)
-        out["step_cost"] = proposer.to_json()["step_cost"]  # the adaptive policy's fit: [u, w, v, observations]
-    return out
+    return {"requests": args.rollout, "tokens": sum(lengths), "makespan_s": makespan,
+            "tail_s": makespan - tail_start, "tail_share": (makespan - tail_start) / makespan,
+            "steps": steps, "tail_steps": tail_steps, "mean_acceptance_length": acceptance["mean_acceptance_length"],
+            "max_num_seqs": int(llm.llm_engine.vllm_config.scheduler_config.max_num_seqs),
+            "sequences": sorted(sequences, key=lambda seq: seq["request"])}
 
 
 def run_child(cmd: list[str]) -> None:
@@ -217,8 +231,8 @@ def run_child(cmd: list[str]) -> None:
             os.killpg(child.pid, signal.SIGKILL)
 
 
-def main() -> None:
-    """Run every mode in a child process, then print the table and write JSON / plot."""
+def parse_args() -> argparse.Namespace:
+    """The command line (see the module docstring; ``--child MODE:PATH`` is how `run_modes` runs one mode)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--k", type=int, default=3)
@@ -238,28 +252,35 @@ def main() -> None:
     parser.add_argument("--json")
     parser.add_argument("--plot")
     parser.add_argument("--child", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.child:
-        mode, path = args.child.split(":", 1)
-        Path(path).write_text(json.dumps(run_mode(mode, args)))
-        return
+    return parser.parse_args()
+
+
+def run_modes(args: argparse.Namespace) -> dict[str, list[dict[str, Any]]]:
+    """Every mode in a child process of its own, ``--repeats`` rounds of all modes in turn: each mode's runs."""
     # A SIGTERM (pkill) unwinds like Ctrl-C does, so run_child still kills the mode's process group.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     modes = args.modes.split(",")
     runs: dict[str, list[dict[str, Any]]] = {mode: [] for mode in modes}
-    for round_index in range(args.repeats):
-        for mode in modes:
-            path = Path(f"/tmp/spec_engine_{os.getpid()}_{mode}.json")
-            cmd = [sys.executable, __file__, "--child", f"{mode}:{path}", *sys.argv[1:]]
-            run_child(cmd)
-            runs[mode].append(json.loads(path.read_text()))
-            path.unlink()
-            print(f"done: round {round_index + 1}/{args.repeats} {mode}", flush=True)
-    results = [summarise(mode, mode_runs) for mode, mode_runs in runs.items()]
+    for round_index, mode in interleaved(modes, args.repeats, order=in_turn):
+        path = Path(f"/tmp/spec_engine_{os.getpid()}_{mode}.json")
+        run_child([sys.executable, __file__, "--child", f"{mode}:{path}", *sys.argv[1:]])
+        runs[mode].append(json.loads(path.read_text()))
+        path.unlink()
+        print(f"done: round {round_index + 1}/{args.repeats} {mode}", flush=True)
+    return runs
+
+
+def main() -> None:
+    """Run every mode in a child process, then print the table and write JSON / plot."""
+    args = parse_args()
+    if args.child:
+        mode, path = args.child.split(":", 1)
+        Path(path).write_text(json.dumps(run_mode(mode, args)))
+        return
+    results = [summarise(mode, mode_runs) for mode, mode_runs in run_modes(args).items()]
     print_table(results, args.batch_sizes)
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps({"args": vars(args), "results": results}, indent=2) + "\n")
+        write_json(args.json, {"args": vars(args), "results": results})
     if args.plot:
         write_plot(results, args.plot, args.tail)
 
@@ -312,12 +333,9 @@ def print_table(results: list[dict[str, Any]], batch_sizes: list[int]) -> None:
 
 def write_plot(results: list[dict[str, Any]], path: str, tail: int) -> None:
     """Tokens/s against batch size per mode, and the rollout's makespan with its tail."""
-    import matplotlib
+    from plotting import save, subplots
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    fig, axes = subplots(1, 2, figsize=(11, 4))
     for r in results:
         axes[0].plot([b["batch"] for b in r["batches"]], [b["tokens_per_s"] for b in r["batches"]],
                      marker="o", label=r["mode"])
@@ -331,9 +349,7 @@ def write_plot(results: list[dict[str, Any]], path: str, tail: int) -> None:
     axes[1].set_title("rollout makespan, s")
     axes[1].legend(fontsize=8)
     axes[1].tick_params(axis="x", rotation=20)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save(fig, path)
 
 
 if __name__ == "__main__":

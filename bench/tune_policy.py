@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
-from pathlib import Path
 
+from harness import write_json
 from samrollout.drafter import DraftPolicy
 from samrollout.replay.drafters import SamReplayDrafter
 from samrollout.replay.simulate import replay
@@ -44,8 +43,7 @@ def main() -> None:
         print(f"  {r['source']:<6}{r['occurrence']:<8}min={r['min_match_length']} scale={r['match_scale']:<4}"
               f" MAL={r['mean_acceptance_length']:.4f} accept={r['acceptance_rate']:.3f}")
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps({"traces": args.traces, "k": args.k, "rows": rows}, indent=2) + "\n")
+        write_json(args.json, {"traces": args.traces, "k": args.k, "rows": rows})
 
 
 if __name__ == "__main__":

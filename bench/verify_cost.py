@@ -1,7 +1,7 @@
 """What verifying k drafts costs the target model, and the break-even acceptance length per batch size.
 
-    python bench/verify_cost.py --device cpu --threads 1 --mal 2.1,2.2 \\
-        --json bench/results/verify-cost-cpu.json --plot bench/results/verify-cost-cpu.png
+    python bench/verify_cost.py --device cpu --threads 1 --mal 2.1,2.2 --ks 1,2,3,4,8,12,16 \\
+        --json bench/results/verify-cost-cpu-k16.json --plot bench/results/verify-cost-cpu-k16.png
     python bench/verify_cost.py --model qwen3-8b --budget-s 330 --mal 2.1,2.2 \\
         --json bench/results/verify-cost-h100.json --plot bench/results/verify-cost-h100.png
     python bench/verify_cost.py --model qwen3-8b --batches 1,2,4,8,16,32,64,128,256 \\

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
+import itertools
 import os
 import platform
 import statistics
@@ -43,6 +43,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+from harness import host, interleaved, launch_servers, median_round, serving, write_json
 from provenance import git_commit
 
 MODES = {"direct": False, "fan-out": True}
@@ -83,15 +84,6 @@ def push_once(client: Any, model_dir: Path, version: str, fan_out: bool) -> dict
     push = client.push_weights(str(model_dir), version, fan_out=fan_out)
     return {"seconds": push.seconds, "upload_s": push.upload_s, "load_s": push.load_s, "bytes": push.bytes,
             "bytes_sent": push.bytes_sent, "copies_sent": len(push.relay_chains), "relay_chains": push.relay_chains}
-
-
-def median_round(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """The median round by seconds, with the range and the mean."""
-    ordered = sorted(runs, key=lambda run: run["seconds"])
-    row = {k: v for k, v in ordered[(len(ordered) - 1) // 2].items() if k != "relay_chains"}
-    row["seconds_min"], row["seconds_max"] = ordered[0]["seconds"], ordered[-1]["seconds"]
-    row["seconds_mean"] = statistics.fmean(run["seconds"] for run in runs)
-    return row
 
 
 def plot(results: dict[str, dict[str, dict[str, Any]]], servers: int, path: str) -> None:
@@ -143,20 +135,17 @@ def scale(servers: list[Any], sizes: list[int], model_dir: Path, repeats: int, l
 
     pace_uploads(LinkPacer(link_mb_s) if link_mb_s else None)
     rounds: dict[int, list[dict[str, Any]]] = {n: [] for n in sizes}
-    counter = 0
-    for round_ in range(-1, repeats):  # round -1: the warm-up, not counted
-        for n in sizes if round_ % 2 == 0 else list(reversed(sizes)):
-            counter += 1
-            targets = servers[:n]
-            cpu_before = [tree_cpu_s(server.process.pid) for server in targets]
-            with RolloutClient([server.url for server in targets], model="bench") as client:
-                run = push_once(client, model_dir, f"scale-{counter}", fan_out=True)
-            run["cpu_s"] = [round(tree_cpu_s(server.process.pid) - before, 3)
-                            for server, before in zip(targets, cpu_before, strict=True)]
-            if round_ >= 0:
-                rounds[n].append(run)
-                print(f"{n} server(s), round {round_ + 1}/{repeats}: {run['seconds']:.2f} s (CPU s per server "
-                      f"{run['cpu_s']})", file=sys.stderr, flush=True)
+    for counter, (round_, n) in enumerate(interleaved(sizes, repeats, start=-1), 1):  # round -1: the warm-up
+        targets = servers[:n]
+        cpu_before = [tree_cpu_s(server.process.pid) for server in targets]
+        with RolloutClient([server.url for server in targets], model="bench") as client:
+            run = push_once(client, model_dir, f"scale-{counter}", fan_out=True)
+        run["cpu_s"] = [round(tree_cpu_s(server.process.pid) - before, 3)
+                        for server, before in zip(targets, cpu_before, strict=True)]
+        if round_ >= 0:
+            rounds[n].append(run)
+            print(f"{n} server(s), round {round_ + 1}/{repeats}: {run['seconds']:.2f} s (CPU s per server "
+                  f"{run['cpu_s']})", file=sys.stderr, flush=True)
     result: dict[str, Any] = {}
     for n, runs in rounds.items():
         middle = sorted(runs, key=lambda run: run["seconds"])[(len(runs) - 1) // 2]
@@ -170,9 +159,8 @@ def scale(servers: list[Any], sizes: list[int], model_dir: Path, repeats: int, l
     return result
 
 
-def main() -> None:
-    """Start the servers, push in both modes for every link (or, with --scale, to 1..N servers), print the table,
-    write the JSON (and the plot)."""
+def parse_args() -> argparse.Namespace:
+    """The command line (see the module docstring); with ``--scale``, ``--servers`` is its largest N."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--servers", type=int, default=4)
     parser.add_argument("--scale", type=lambda s: sorted({int(x) for x in s.split(",")}),
@@ -184,53 +172,39 @@ def main() -> None:
     parser.add_argument("--json", dest="json_path")
     parser.add_argument("--plot", dest="plot_path")
     args = parser.parse_args()
-
-    from samrollout.models import ensure_smollm2
-    from samrollout.testing import launch_peered_servers
-    from samrollout_client import RolloutClient
-
-    model_dir = ensure_smollm2()
-    checkpoint_bytes = sum(f.stat().st_size for f in model_dir.glob("*.safetensors"))
     if args.scale:
         if len(args.link_mb_s) != 1:
             parser.error("--scale takes one --link-mb-s")
         args.servers = max(args.scale)
-    servers = launch_peered_servers(args.servers, ["--served-model-name", "bench", "--max-model-len", "1024",
-                                                   "--gpu-memory-utilization", "0.1", "--log-level", "warning"],
-                                    [Path(f"/tmp/samrollout-weight-fanout-{i}.log") for i in range(args.servers)])
-    print(f"starting {args.servers} servers (logs: /tmp/samrollout-weight-fanout-*.log) ...", file=sys.stderr,
-          flush=True)
-    rounds: dict[str, dict[str, list[dict[str, Any]]]] = {}
-    try:
-        for server in servers:
-            server.ready()
-        if args.scale:
-            by_size = scale(servers, args.scale, model_dir, args.repeats, args.link_mb_s[0])
-            write_scale(args, by_size, checkpoint_bytes)
-            return
-        with RolloutClient([s.url for s in servers], model="bench") as client:
-            counter = 0
-            for link in args.link_mb_s:
-                name = f"{link:g} MB/s" if link else "loopback"
-                pace_uploads(LinkPacer(link) if link else None)
-                rounds[name] = {mode: [] for mode in MODES}
-                for fan_out in MODES.values():  # warm-up: not counted
-                    counter += 1
-                    push_once(client, model_dir, f"warm-{counter}", fan_out)
-                for round_ in range(args.repeats):
-                    order = list(MODES) if round_ % 2 == 0 else list(reversed(MODES))
-                    for mode in order:
-                        counter += 1
-                        run = push_once(client, model_dir, f"v{counter}", MODES[mode])
-                        print(f"{name} round {round_ + 1}/{args.repeats} {mode}: {run['seconds']:.2f} s "
-                              f"({run['bytes_sent'] / 1e6:.0f} MB sent)", file=sys.stderr, flush=True)
-                        rounds[name][mode].append(run)
-    finally:
-        for server in servers:
-            server.stop()
+    return args
 
-    results = {link: {mode: median_round(runs) for mode, runs in by_mode.items()} for link, by_mode in rounds.items()}
-    print(f"\ncheckpoint: {checkpoint_bytes / 1e6:.1f} MB to {args.servers} servers; median of {args.repeats} "
+
+def compare_modes(urls: list[str], model_dir: Path, links: list[float],
+                  repeats: int) -> dict[str, dict[str, list[dict[str, Any]]]]:
+    """Per link: one warm-up push in each mode, then ``repeats`` rounds of both modes, alternating; every round."""
+    from samrollout_client import RolloutClient
+
+    rounds: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    counter = itertools.count(1)
+    with RolloutClient(urls, model="bench") as client:
+        for link in links:
+            name = f"{link:g} MB/s" if link else "loopback"
+            pace_uploads(LinkPacer(link) if link else None)
+            rounds[name] = {mode: [] for mode in MODES}
+            for fan_out in MODES.values():  # warm-up: not counted
+                push_once(client, model_dir, f"warm-{next(counter)}", fan_out)
+            for round_, mode in interleaved(list(MODES), repeats):
+                run = push_once(client, model_dir, f"v{next(counter)}", MODES[mode])
+                print(f"{name} round {round_ + 1}/{repeats} {mode}: {run['seconds']:.2f} s "
+                      f"({run['bytes_sent'] / 1e6:.0f} MB sent)", file=sys.stderr, flush=True)
+                rounds[name][mode].append(run)
+    return rounds
+
+
+def print_modes(results: dict[str, dict[str, dict[str, Any]]], checkpoint_bytes: int, servers: int,
+                repeats: int) -> None:
+    """Per link and mode: the median push, its range, the upload and the load apart, and what the client sent."""
+    print(f"\ncheckpoint: {checkpoint_bytes / 1e6:.1f} MB to {servers} servers; median of {repeats} "
           "rounds (range)")
     print(f"{'trainer link':<14}{'mode':<9}{'push s':>8}{'range s':>15}{'upload s':>10}{'load s':>8}"
           f"{'client MB sent':>16}{'copies':>8}")
@@ -242,13 +216,33 @@ def main() -> None:
         direct, fanned = by_mode["direct"], by_mode["fan-out"]
         print(f"{'':<14}fan-out: {direct['bytes_sent'] / fanned['bytes_sent']:.1f}x fewer bytes on the link, "
               f"push {direct['seconds'] / fanned['seconds']:.2f}x as fast")
-    result = {"model": "SmolLM2-135M-Instruct (built-in, bf16)", "checkpoint_bytes": checkpoint_bytes,
-              "servers": args.servers, "repeats": args.repeats, "links_mb_s": args.link_mb_s, "results": results,
-              "rounds": rounds, "cpu_count": os.cpu_count(), "machine": platform.processor() or platform.machine(),
-              "transport": "loopback HTTP; the trainer's link paced in the client (0: unpaced)"}
+
+
+def main() -> None:
+    """Start the servers, push in both modes for every link (or, with --scale, to 1..N servers), print the table,
+    write the JSON (and the plot)."""
+    from samrollout.models import ensure_smollm2
+
+    args = parse_args()
+    model_dir = ensure_smollm2()
+    checkpoint_bytes = sum(f.stat().st_size for f in model_dir.glob("*.safetensors"))
+    servers = launch_servers(args.servers, ["--served-model-name", "bench", "--max-model-len", "1024",
+                                            "--gpu-memory-utilization", "0.1", "--log-level", "warning"],
+                             "samrollout-weight-fanout", peered=True)
+    with serving(servers) as urls:
+        if args.scale:
+            write_scale(args, scale(servers, args.scale, model_dir, args.repeats, args.link_mb_s[0]), checkpoint_bytes)
+            return
+        rounds = compare_modes(urls, model_dir, args.link_mb_s, args.repeats)
+    results = {link: {mode: median_round(runs, drop=("relay_chains",)) for mode, runs in by_mode.items()}
+               for link, by_mode in rounds.items()}
+    print_modes(results, checkpoint_bytes, args.servers, args.repeats)
     if args.json_path:
-        Path(args.json_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json_path).write_text(json.dumps(result, indent=2) + "\n")
+        write_json(args.json_path, {
+            "model": "SmolLM2-135M-Instruct (built-in, bf16)", "checkpoint_bytes": checkpoint_bytes,
+            "servers": args.servers, "repeats": args.repeats, "links_mb_s": args.link_mb_s, "results": results,
+            "rounds": rounds, **host(),
+            "transport": "loopback HTTP; the trainer's link paced in the client (0: unpaced)"})
     if args.plot_path:
         plot(results, args.servers, args.plot_path)
 
@@ -274,8 +268,7 @@ def write_scale(args: argparse.Namespace, by_size: dict[str, Any], checkpoint_by
               "transport": "loopback HTTP; the client's link paced to link_mb_s, the servers' to one another not",
               "command": " ".join(["python", *sys.argv]), "git_commit": git_commit()}
     if args.json_path:
-        Path(args.json_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json_path).write_text(json.dumps(result, indent=2) + "\n")
+        write_json(args.json_path, result)
 
 
 if __name__ == "__main__":

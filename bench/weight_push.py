@@ -23,14 +23,12 @@ the median round and the range.  The JSON keeps every round.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
-import statistics
 import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from harness import host, interleaved, median_round, rotate, serving, write_json
 
 PATHS = ("disk", "push_path", "push_state_dict", "push_stream")
 
@@ -52,16 +50,13 @@ def measure(client: Any, path: str, model_dir: Path, state: dict[str, Any], vers
 
 def summary(runs: list[dict[str, float]], checkpoint_bytes: int) -> dict[str, Any]:
     """Median round by total seconds, the range, and MB/s of the checkpoint over the upload and over it all."""
-    ordered = sorted(runs, key=lambda run: run["seconds"])
-    median = dict(ordered[(len(ordered) - 1) // 2])
-    median["seconds_min"], median["seconds_max"] = ordered[0]["seconds"], ordered[-1]["seconds"]
+    median = median_round(runs)
     median["end_to_end_mb_per_s"] = checkpoint_bytes / 1e6 / median["seconds"]
-    median["seconds_mean"] = statistics.fmean(run["seconds"] for run in runs)
     return median
 
 
-def main() -> None:
-    """Start the server, run the paths, print the table, write the JSON."""
+def parse_args() -> argparse.Namespace:
+    """The command line (see the module docstring)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--paths", type=lambda s: s.split(","), default=list(PATHS))
     parser.add_argument("--repeats", type=int, default=3)
@@ -70,44 +65,49 @@ def main() -> None:
     args = parser.parse_args()
     if set(args.paths) - set(PATHS):
         parser.error(f"unknown paths {sorted(set(args.paths) - set(PATHS))}; choose from {', '.join(PATHS)}")
+    return args
 
+
+def checkpoint() -> tuple[Path, list[Path], dict[str, Any]]:
+    """The built-in model's directory, its weight files and their tensors (the state dict pushed from memory)."""
     from safetensors.torch import load_file
 
     from samrollout.models import ensure_smollm2
-    from samrollout.testing import start_server
-    from samrollout_client import RolloutClient
 
     model_dir = ensure_smollm2()
     files = sorted(model_dir.glob("*.safetensors"))
-    checkpoint_bytes = sum(f.stat().st_size for f in files)
     state: dict[str, Any] = {}
     for file in files:
         state.update(load_file(str(file)))
+    return model_dir, files, state
+
+
+def run(args: argparse.Namespace, model_dir: Path, state: dict[str, Any]) -> dict[str, list[dict[str, float]]]:
+    """Start the server, warm every path up once, then ``--repeats`` rounds, each in a rotated order: each
+    path's rounds."""
+    from samrollout.testing import start_server
+    from samrollout_client import RolloutClient
+
     shard_bytes = args.shard_mb * 2**20
     log = Path("/tmp/samrollout-weight-push-bench.log")
     print(f"starting the server (log: {log}) ...", file=sys.stderr, flush=True)
     server = start_server(["--served-model-name", "bench", "--max-model-len", "1024",
                            "--gpu-memory-utilization", "0.1", "--log-level", "warning"], log)
     rounds: dict[str, list[dict[str, float]]] = {path: [] for path in args.paths}
-    try:
-        with RolloutClient(server.url, model="bench") as client:
-            counter = 0
-            for path in args.paths:  # warm-up: not counted
-                counter += 1
-                measure(client, path, model_dir, state, f"warm-{counter}", shard_bytes)
-            for round_ in range(args.repeats):
-                shift = round_ % len(args.paths)
-                for path in args.paths[shift:] + args.paths[:shift]:
-                    counter += 1
-                    run = measure(client, path, model_dir, state, f"v{counter}", shard_bytes)
-                    print(f"round {round_ + 1}/{args.repeats} {path}: {run['seconds']:.2f} s", file=sys.stderr,
-                          flush=True)
-                    rounds[path].append(run)
-    finally:
-        server.stop()
+    with serving([server]) as (url,), RolloutClient(url, model="bench") as client:
+        for counter, path in enumerate(args.paths, 1):  # warm-up: not counted
+            measure(client, path, model_dir, state, f"warm-{counter}", shard_bytes)
+        for counter, (round_, path) in enumerate(interleaved(args.paths, args.repeats, order=rotate),
+                                                 len(args.paths) + 1):
+            result = measure(client, path, model_dir, state, f"v{counter}", shard_bytes)
+            print(f"round {round_ + 1}/{args.repeats} {path}: {result['seconds']:.2f} s", file=sys.stderr, flush=True)
+            rounds[path].append(result)
+    return rounds
 
-    results = {path: summary(runs, checkpoint_bytes) for path, runs in rounds.items()}
-    print(f"\ncheckpoint: {checkpoint_bytes / 1e6:.1f} MB in {len(files)} file(s); median of {args.repeats} rounds "
+
+def print_table(results: dict[str, dict[str, Any]], checkpoint_bytes: int, files: int, repeats: int) -> None:
+    """Per path: the median round, its range, the upload and the load apart, and MB/s."""
+    print(f"\ncheckpoint: {checkpoint_bytes / 1e6:.1f} MB in {files} file(s); median of {repeats} rounds "
           "(range); MB/s = checkpoint MB / seconds")
     print(f"{'path':<17}{'total s':>9}{'range s':>15}{'upload s':>10}{'load s':>8}{'upload MB/s':>13}"
           f"{'end-to-end MB/s':>17}")
@@ -115,13 +115,22 @@ def main() -> None:
         upload = f"{row['upload_mb_per_s']:>13.0f}" if "upload_mb_per_s" in row else f"{'-':>13}"
         print(f"{path:<17}{row['seconds']:>9.2f}{row['seconds_min']:>7.2f}-{row['seconds_max']:<7.2f}"
               f"{row['upload_s']:>10.2f}{row['load_s']:>8.2f}{upload}{row['end_to_end_mb_per_s']:>17.0f}")
-    result = {"model": "SmolLM2-135M-Instruct (built-in, bf16)", "checkpoint_bytes": checkpoint_bytes,
-              "checkpoint_files": len(files), "shard_bytes": shard_bytes, "repeats": args.repeats,
-              "paths": args.paths, "results": results, "rounds": rounds, "cpu_count": os.cpu_count(),
-              "machine": platform.processor() or platform.machine(), "transport": "loopback HTTP, one endpoint"}
+
+
+def main() -> None:
+    """Start the server, run the paths, print the table, write the JSON."""
+    args = parse_args()
+    model_dir, files, state = checkpoint()
+    checkpoint_bytes = sum(f.stat().st_size for f in files)
+    rounds = run(args, model_dir, state)
+    results = {path: summary(runs, checkpoint_bytes) for path, runs in rounds.items()}
+    print_table(results, checkpoint_bytes, len(files), args.repeats)
     if args.json_path:
-        Path(args.json_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json_path).write_text(json.dumps(result, indent=2) + "\n")
+        write_json(args.json_path, {
+            "model": "SmolLM2-135M-Instruct (built-in, bf16)", "checkpoint_bytes": checkpoint_bytes,
+            "checkpoint_files": len(files), "shard_bytes": args.shard_mb * 2**20, "repeats": args.repeats,
+            "paths": args.paths, "results": results, "rounds": rounds, **host(),
+            "transport": "loopback HTTP, one endpoint"})
 
 
 if __name__ == "__main__":
