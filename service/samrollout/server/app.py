@@ -73,6 +73,12 @@ def build_app(settings: ServerSettings) -> FastAPI:
     app.include_router(weight_upload_routes.router)
     if settings.areal_routes:
         app.include_router(areal_routes.router)
+    _add_probes(app)
+    return app
+
+
+def _add_probes(app: FastAPI) -> None:
+    """``/health`` (the engine alive) and ``/metrics`` (Prometheus), without the API key."""
 
     @app.get("/health")
     async def health(request: Request) -> Response:
@@ -93,8 +99,6 @@ def build_app(settings: ServerSettings) -> FastAPI:
         if runtime is not None:
             DRAFTER_METRICS.update(await runtime.drafter_stats())
         return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
-
-    return app
 
 
 def _add_api_docs(app: FastAPI) -> None:
