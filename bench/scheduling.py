@@ -516,31 +516,31 @@ def start_servers(args: argparse.Namespace, modes: list[str], memory: MemoryWatc
 
 def placement_of(mode: str, history: Any, groups: int, group_size: int, step: list[Response] | None = None,
                  urls: list[str] | None = None) -> list[int]:
-    """Each group's server (index into the mode's servers) as the client places it under ``mode``.
+    """Each group's server (index into the mode's pair) as the client's placement policy places it under ``mode``
+    (`samrollout_client.placement.place_groups`: all groups start at once, nothing else in flight).
 
-    ``history`` is the client's `LengthHistory` of earlier rounds (predicted-work placement reads it);
-    ``step`` (the round's arrival order) and ``urls`` are what affine placement hashes and places in.
+    ``history`` is the client's `LengthHistory` of earlier rounds (affine and predicted-work weigh the groups by
+    it); ``step`` (the round's arrival order) and ``urls`` are what affine placement hashes and places in, and
+    the order least-outstanding meets the groups in.
     """
-    from samrollout_client.placement import place_by_predicted_work, plan_affine
+    from samrollout_client.placement import GroupDemand, place_groups, placement_policy
     from samrollout_client.protocol.prompt_identity import prompt_id
 
-    if mode == "2x-affine":  # as the client's generate: the lengths of earlier rounds weigh the groups
-        assert step is not None and urls is not None
-        first = {r.group: r.prompt for r in reversed(step)}  # a group is known by its first sibling's prompt
-        order = list(dict.fromkeys(r.group for r in step))
-        chosen = plan_affine([prompt_id(first[g]) for g in order], urls, [0] * len(urls), [group_size] * len(order),
-                             [history.predict(str(g)) for g in order])
-        by_group = dict(zip(order, chosen, strict=True))
-        return [by_group[g] for g in range(groups)]
-    if mode in ("2x-predicted-work", "2x-divided"):
-        predicted = [history.predict(str(g)) for g in range(groups)]
-        placement: list[int] = place_by_predicted_work([None if p is None else p * group_size for p in predicted], 2)
-        return placement
-    if mode == "2x-least-outstanding":  # all groups start at once: alternately, in the order they are sent
-        sent = list(dict.fromkeys(r.group for r in step)) if step is not None else list(range(groups))
-        alternate = {g: i % 2 for i, g in enumerate(sent)}
-        return [alternate[g] for g in range(groups)]
-    return [0] * groups
+    policy = {"2x-affine": "affine", "2x-predicted-work": "predicted-work", "2x-divided": "predicted-work",
+              "2x-least-outstanding": "least-outstanding"}.get(mode)
+    if policy is None:
+        return [0] * groups
+    assert policy != "affine" or (step is not None and urls is not None)
+    first = {r.group: r.prompt for r in reversed(step or [])}  # a group is known by its first sibling's prompt
+    order = list(dict.fromkeys(r.group for r in step)) if step is not None else list(range(groups))
+    if policy == "predicted-work":  # longest first, equal ones by group number
+        order = list(range(groups))
+    demands = [GroupDemand(prompt_id(first[g]) if g in first else str(g), group_size, history.predict(str(g)))
+               for g in order]
+    endpoints = urls if urls is not None else ["server-0", "server-1"]
+    chosen = place_groups(placement_policy(policy), demands, endpoints, [0] * len(endpoints))
+    by_group = dict(zip(order, chosen, strict=True))
+    return [by_group[g] for g in range(groups)]
 
 
 def run_mode_round(args: argparse.Namespace, planned: Plan, mode: str, urls: list[str], step: list[Response],

@@ -1,6 +1,7 @@
 """History-affine placement (`samrollout_client.placement`): a prompt keeps its server across steps, a server
 joining or leaving moves about 1/N of the prompts, no server takes more than 1.25x its share, a down server's
-prompts go to their next choice and come back.
+prompts go to their next choice and come back.  Also the placement policies behind one protocol, and the one
+stickiness rule of the veRL router and the AReaL engine (`StickyGroups`).
 
 The client's end-to-end behaviour on real servers (same server every step, failover and recovery) is in
 tests/test_client.py, the veRL router's in tests/test_verl_backend.py, the servers' hit counter in
@@ -17,9 +18,19 @@ import pytest
 from samrollout_client.placement import (
     AFFINE_LOAD_FACTOR,
     BATCH_LOAD_FACTOR,
+    DEFAULT_PLACEMENT,
+    PLACEMENTS,
+    GroupDemand,
+    LeastOutstandingPlacement,
+    StickyGroups,
     affine_load_bound,
+    least_loaded,
     place_affine,
+    place_by_predicted_work,
+    place_groups,
+    placement_policy,
     plan_affine,
+    register_placement,
     rendezvous_ranking,
     rendezvous_weight,
     work_shares,
@@ -189,3 +200,67 @@ def test_requests_in_flight_count_against_a_batch_s_bound() -> None:
 def test_groups_of_unknown_length_count_as_their_size() -> None:
     assert work_shares([None, None], 8) == [8.0, 8.0]
     assert work_shares([100.0, None, 300.0], 4) == [2.0, 4.0, 6.0]
+
+
+def test_placements_are_policies_registered_by_name() -> None:
+    assert PLACEMENTS == ("affine", "least-outstanding", "predicted-work") and DEFAULT_PLACEMENT == "affine"
+    assert [placement_policy(name).name for name in PLACEMENTS] == list(PLACEMENTS)
+    with pytest.raises(ValueError, match="placement must be one of"):
+        placement_policy("random")
+    with pytest.raises(ValueError, match="registered already"):
+        register_placement(LeastOutstandingPlacement)
+
+
+def test_each_policy_places_as_its_rule() -> None:
+    endpoints = urls(3)
+    groups = [GroupDemand(p, 8, length) for p, length in zip(PROMPTS[:12], [None, 50.0, 400.0] * 4, strict=True)]
+    loads = [16, 0, 8]
+    affine, least, predicted = (placement_policy(name) for name in PLACEMENTS)
+    assert affine.plan(groups, endpoints, loads) == plan_affine(PROMPTS[:12], endpoints, loads, [8] * 12,
+                                                                [g.predicted_length for g in groups])
+    assert affine.pick(endpoints, loads, PROMPTS[0], 8, 64) == place_affine(PROMPTS[0], endpoints, loads, 8, total=64)
+    assert least.plan(groups, endpoints, loads) is None  # each group as it starts
+    assert least.pick(endpoints, [3, 1, 1]) == 1 == least_loaded([3, 1, 1])  # the first among equals
+    assert affine.pick(endpoints, [3, 1, 1]) == 1  # no prompt: load alone
+    assert predicted.plan(groups, endpoints, loads) == place_by_predicted_work([g.predicted_work for g in groups], 3)
+    # all start at once, none finishes: least-outstanding alternates in the order met
+    assert place_groups(least, groups[:5], urls(2), [0, 0]) == [0, 1, 0, 1, 0]
+    # a recorded home is kept, and the others see its load
+    assert place_groups(least, groups[:3], urls(2), [0, 0], homes=[0, None, None]) == [0, 1, 0]
+
+
+def test_a_groups_requests_stay_together_while_any_is_in_flight() -> None:
+    servers = urls(2)
+    sticky = StickyGroups()
+    home = sticky.acquire("r1", PROMPTS[0], servers)
+    assert home == servers[rendezvous_ranking(PROMPTS[0], servers)[0]]
+    assert [sticky.acquire(f"r{i}", PROMPTS[0], servers, loads=[100, 100]) for i in (2, 3)] == [home, home]
+    assert sticky.loads(servers)[servers.index(home)] == 3
+    for request in ("r1", "r2", "r3"):
+        sticky.release(request)
+    assert sticky.loads(servers) == [0, 0]
+    loads = [0, 0]
+    loads[servers.index(home)] = 100
+    other = sticky.acquire("r4", PROMPTS[0], servers, loads=loads)  # forgotten: placed afresh, within the bound
+    assert other != home
+    sticky.release("r4")
+    sticky.release("never seen")  # nothing to release: no error
+
+
+def test_a_known_request_id_goes_back_to_its_server_before_its_group() -> None:
+    """A later turn of a conversation keeps its server (its prefix cache) even where its prompt's group is
+    elsewhere; a request id whose server left falls back to the group, and a group whose server left moves."""
+    servers = urls(3)
+    sticky = StickyGroups()
+    home = sticky.acquire("sibling", PROMPTS[0], servers)
+    elsewhere = next(s for s in servers if s != home)
+    assert sticky.acquire("conversation", PROMPTS[0], servers, earlier=elsewhere) == elsewhere
+    assert sticky.acquire("another", PROMPTS[0], servers) == home  # the group stays where it was
+    assert sticky.acquire("conversation", PROMPTS[0], servers, earlier="http://gone:8000") == home
+    rest = [s for s in servers if s != home]
+    moved = sticky.acquire("late", PROMPTS[0], rest)  # its server left: the group moves with its requests
+    assert moved in rest and sticky.acquire("later", PROMPTS[0], servers) == moved
+    sticky.clear()
+    assert sticky.loads(servers) == [0, 0, 0]
+    with pytest.raises(RuntimeError):
+        sticky.acquire("r", PROMPTS[0], [])

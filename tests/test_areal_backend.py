@@ -42,6 +42,7 @@ from conftest import TINY_CONTEXT, TINY_SERVER_MEMORY, server_fixture
 from samrollout.testing import ServerProcess
 from samrollout_client.areal import SamrolloutEngine
 from samrollout_client.areal.backend import token_versions
+from samrollout_client.areal.engine import SamrolloutInfEngine
 from samrollout_client.placement import rendezvous_ranking
 from samrollout_client.protocol.prompt_identity import prompt_id
 from support.frozen_engine import freeze, in_flight_at_least, step, until
@@ -334,6 +335,28 @@ def test_pause_holds_new_requests_until_generation_continues(areal_server: Serve
         engine.destroy()
     [(tokens, logprobs, _)] = outputs(result)
     assert tokens and len(logprobs) == len(tokens)
+
+
+def test_the_engine_keeps_a_request_id_on_its_server_and_a_prompts_responses_together_while_in_flight() -> None:
+    """samrollout's one stickiness rule (`samrollout_client.placement.StickyGroups`, as veRL's router): a
+    request id AReaL sent before goes back to its server (a conversation's prefix cache) before its prompt's
+    group; siblings with fresh ids follow the group while any is in flight; then the prompt is placed afresh."""
+    engine = SamrolloutInfEngine(engine_config("sticky"))
+    try:
+        engine.addresses = servers = ["10.0.0.1:8000", "10.0.0.2:8000"]
+        prompt = [5, 6, 7]
+        home = engine._place(ModelRequest(rid="a", input_ids=prompt))
+        assert home == servers[rendezvous_ranking(prompt_id(prompt), servers)[0]]
+        assert engine._place(ModelRequest(rid="b", input_ids=prompt)) == home  # a sibling follows
+        other = next(s for s in servers if s != home)
+        engine.rid_to_address["turn"] = other  # an earlier turn of a conversation went to the other server
+        assert engine._place(ModelRequest(rid="turn", input_ids=prompt)) == other
+        assert engine.rid_to_address["turn"] == other
+        for rid in ("a", "b", "turn"):
+            engine._groups.release(rid)
+        assert engine._groups.loads(servers) == [0, 0]
+    finally:
+        engine.destroy()
 
 
 def test_a_server_killed_mid_rollout(areal_server: ServerProcess, areal_server_to_kill: ServerProcess,

@@ -239,7 +239,7 @@ def test_predicted_work_places_the_longest_group_first_on_the_least_loaded_endpo
     assert place_by_predicted_work([None, 300, 100], 2) == [1, 0, 1]  # unknown: the mean of the known (200)
     assert place_by_predicted_work([10, 10], 2, load=[0, 500]) == [0, 0]
     with pytest.raises(ValueError):
-        AsyncRolloutClient("http://127.0.0.1:1", model="m", placement="random")  # type: ignore[arg-type]
+        AsyncRolloutClient("http://127.0.0.1:1", model="m", placement="random")
 
 
 def test_a_prompt_has_one_identity_in_the_client_and_the_server() -> None:

@@ -304,6 +304,32 @@ def test_the_verl_router_sends_a_prompt_to_the_same_server_every_step() -> None:
     assert max(Counter(first).values()) * 4 <= math.ceil(AFFINE_LOAD_FACTOR * share) + 3  # its 3 siblings follow
 
 
+def test_the_verl_router_keeps_a_conversation_on_its_server_and_lets_a_group_go_when_it_is_done() -> None:
+    """samrollout's one stickiness rule (`samrollout_client.placement.StickyGroups`, as AReaL's engine): a request
+    id veRL routed before (a later turn) goes back to its server; siblings follow their group while any is in
+    flight; released (veRL passes the request id, which the router asks for), the group is placed afresh."""
+    from samrollout_client.protocol.prompt_identity import prompt_id
+
+    from samrollout_client.placement import rendezvous_ranking
+    from samrollout_client.verl.router import GroupStickyLoadBalancer
+
+    balancer = GroupStickyLoadBalancer({"a:1": "handle-a", "b:1": "handle-b"})
+    assert balancer.require_release_fields() == ["request_id"]
+    prompt = [1, 2, 3]
+    home = balancer.acquire_server("conversation", prompt_ids=prompt)[0]
+    assert balancer.acquire_server("sibling", prompt_ids=prompt)[0] == home
+    balancer.release_server(home, request_id="conversation")
+    servers = ["a:1", "b:1"]
+    # its next turn: a longer prompt of its own, one whose affine server is the other one
+    turns = ([*prompt, 4, i] for i in range(100))
+    turn = next(t for t in turns if rendezvous_ranking(prompt_id(t), servers)[0] != servers.index(home))
+    assert balancer.acquire_server("conversation", prompt_ids=turn)[0] == home
+    for request_id in ("conversation", "sibling"):
+        balancer.release_server(home, request_id=request_id)
+    balancer._inflight_requests[home] = 100  # veRL's count: the prompt's server is past its load bound now
+    assert balancer.acquire_server("late", prompt_ids=prompt)[0] != home  # the group was let go
+
+
 def test_verl_loads_the_group_sticky_router_from_the_example_yaml(verl_run: dict[str, Any]) -> None:
     from verl.workers.rollout.llm_server import LLMServerManager
 

@@ -55,18 +55,10 @@ from samrollout_client.divided import (
     check_divisible,
     stream_piece,
 )
-from samrollout_client.endpoints import Endpoint, EndpointPool, least_outstanding
+from samrollout_client.endpoints import Endpoint, EndpointPool
 from samrollout_client.errors import NoEndpointAvailable, RequestRejected, RolloutFailed, SamrolloutError
 from samrollout_client.partial import PartialRollout
-from samrollout_client.placement import (
-    DEFAULT_PLACEMENT,
-    PLACEMENTS,
-    LengthHistory,
-    Placement,
-    place_affine,
-    place_by_predicted_work,
-    plan_affine,
-)
+from samrollout_client.placement import DEFAULT_PLACEMENT, GroupDemand, LengthHistory, Placement, placement_policy
 from samrollout_client.progress import RolloutProgress
 from samrollout_client.protocol.modes import InFlight, PauseMode
 from samrollout_client.protocol.prompt_identity import prompt_id
@@ -114,8 +106,7 @@ class AsyncRolloutClient:
         urls = [endpoints] if isinstance(endpoints, str) else list(endpoints)
         if max_in_flight < 1 or max_attempts < 1:
             raise ValueError("max_in_flight and max_attempts must be at least 1")
-        if placement not in PLACEMENTS:
-            raise ValueError(f"placement must be one of {PLACEMENTS}, got {placement!r}")
+        self.policy = placement_policy(placement)  # ValueError for a name not in PLACEMENTS
         check_divide_after_tokens(divide_after_tokens)
         self.placement, self.divide_after_tokens = placement, divide_after_tokens
         self.history = LengthHistory()  # response lengths per prompt, from this client's earlier rollouts
@@ -248,22 +239,20 @@ class AsyncRolloutClient:
                               max_concurrent_groups=max_concurrent_groups, rollout_id=rollout_id)
 
     def _plan(self, prompts: Sequence[Prompt], n: int) -> list[Endpoint] | None:
-        """With ``affine`` or ``predicted-work`` placement, each group's endpoint, the batch placed as a whole
-        (None: choose as each group starts)."""
+        """Each group's endpoint when the placement places the batch as a whole (`PlacementPolicy.plan`: under
+        ``affine`` and ``predicted-work``, weighed by the lengths remembered); None: each is chosen as it starts,
+        also with fewer than two endpoints up (the choice then probes those down)."""
         up = [e for e in self.pool.endpoints if not e.down]
-        if self.placement == "least-outstanding" or len(up) < 2:
+        if len(up) < 2:
             return None
-        if self.placement == "affine":
-            return [up[i] for i in plan_affine([prompt_id(p) for p in prompts], [e.url for e in up],
-                                               [e.outstanding for e in up], [n] * len(prompts),
-                                               [self.history.predict(prompt) for prompt in prompts])]
-        predicted = [None if (p := self.history.predict(prompt)) is None else p * n for prompt in prompts]
-        return [up[i] for i in place_by_predicted_work(predicted, len(up))]
+        groups = [GroupDemand(prompt_id(prompt), n, self.history.predict(prompt)) for prompt in prompts]
+        planned = self.policy.plan(groups, [e.url for e in up], [e.outstanding for e in up])
+        return None if planned is None else [up[i] for i in planned]
 
     async def _choose(self, avoid: set[str] | None = None, prompt: Prompt | None = None, work: int = 1) -> Endpoint:
         """The up endpoint for ``work`` requests of ``prompt`` under this client's placement, probing and
         waiting for down endpoints as `EndpointPool.choose` does (``avoid``: endpoints already tried)."""
-        return await self.pool.choose(self._http, avoid, pick=lambda up: self._pick(up, prompt, work))
+        return await self.pool.choose(self._http, lambda up: self._pick(up, prompt, work), avoid)
 
     def _place(self, prompt: Prompt, work: int, in_flight: int | None = None) -> Endpoint | None:
         """The endpoint for ``work`` requests of ``prompt`` among those up now (None: none is up); no probing.
@@ -274,12 +263,10 @@ class AsyncRolloutClient:
 
     def _pick(self, candidates: list[Endpoint], prompt: Prompt | None, work: int,
               in_flight: int | None = None) -> Endpoint:
-        """Of ``candidates`` (up, never empty): by the prompt's ranking within the load bound under ``affine``
-        placement (`place_affine`), else the one with the fewest outstanding requests."""
-        if self.placement != "affine" or prompt is None or len(candidates) == 1:
-            return least_outstanding(candidates)
-        index = place_affine(prompt_id(prompt), [e.url for e in candidates], [e.outstanding for e in candidates],
-                             work, total=in_flight)
+        """Of ``candidates`` (up, never empty), the one this client's placement picks (`PlacementPolicy.pick`) by
+        their outstanding requests: under ``affine`` the prompt's ranking within the load bound."""
+        index = self.policy.pick([e.url for e in candidates], [e.outstanding for e in candidates],
+                                 None if prompt is None else prompt_id(prompt), work, in_flight)
         return candidates[index]
 
     def _request_body(self, group: GroupResult, index: int, sampling: Sampling, rollout_id: str) -> dict[str, Any]:

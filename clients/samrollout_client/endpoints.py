@@ -1,8 +1,7 @@
 """Several server endpoints: the choice among those up, down marking and recovery.
 
 A request goes to the up endpoint its caller's rule picks (the client's placement,
-`samrollout_client.placement`), by default the one with the fewest requests in flight
-from this client.
+`samrollout_client.placement`).
 A connection failure or a 5xx marks the endpoint down; a down endpoint is probed
 (``GET /health``) after a backoff that doubles on each failed probe (up to
 ``max_backoff_s``), and comes back when the probe answers 200.
@@ -37,11 +36,6 @@ class Endpoint:
 Pick = Callable[[list[Endpoint]], Endpoint]  # which of the endpoints up (never empty) takes a request
 
 
-def least_outstanding(endpoints: list[Endpoint]) -> Endpoint:
-    """The endpoint with the fewest requests in flight from this client (the first among equals)."""
-    return min(endpoints, key=lambda e: e.outstanding)
-
-
 class EndpointPool:
     """Chooses, marks down and recovers endpoints."""
 
@@ -55,10 +49,9 @@ class EndpointPool:
         """The endpoint with this URL."""
         return next(e for e in self.endpoints if e.url == url)
 
-    async def choose(self, client: httpx.AsyncClient, avoid: set[str] | None = None,
-                     wait_s: float = 30.0, pick: Pick = least_outstanding) -> Endpoint:
-        """The up endpoint ``pick`` chooses, by default the one with the fewest outstanding requests
-        (``avoid`` only if nothing else is up).
+    async def choose(self, client: httpx.AsyncClient, pick: Pick, avoid: set[str] | None = None,
+                     wait_s: float = 30.0) -> Endpoint:
+        """The up endpoint ``pick`` chooses (the client's placement; ``avoid`` only if nothing else is up).
 
         Down endpoints whose backoff has passed are probed first; if all are down, waits
         up to ``wait_s`` for one to recover, then raises `NoEndpointAvailable`.

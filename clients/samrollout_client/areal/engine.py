@@ -5,11 +5,13 @@ What it adds to AReaL's engine (`SamrolloutInfEngine`, the ``RemoteInfEngine`` i
 ``agenerate`` AReaL's workflows call):
 
 - **A prompt's responses on one server.**  AReaL sends each of a group's responses as its own
-  request and spreads them round-robin.  Here the first response of a prompt goes to its
-  history-affine server (`samrollout_client.placement.place_affine`: rendezvous hashing of the
-  prompt's token ids, within 1.25x of a server's share of the requests in flight) and the
-  others follow it while any is in flight, so the server groups them by prompt and they draft
-  from one automaton; the prompt comes back to the same server in later steps (its history).
+  request and spreads them round-robin.  Here requests go by samrollout's one stickiness rule
+  (`samrollout_client.placement.StickyGroups`, as veRL's router does): a request id AReaL sent
+  before goes back to its server (AReaL's own multi-turn stickiness), else the first response of
+  a prompt goes to its history-affine server (rendezvous hashing of the prompt's token ids, within
+  1.25x of a server's share of the requests in flight) and the others follow it while any is in
+  flight, so the server groups them by prompt and they draft from one automaton; the prompt comes
+  back to the same server in later steps (its history).
 - **The server's versions.**  Each token's version in ``ModelResponse.output_versions`` is the
   one the server says sampled it (`backend.SamrolloutBackend`), not the version the client
   held when the reply arrived; pauses freeze requests, which carry on under the new weights
@@ -26,7 +28,6 @@ import asyncio
 import logging
 import shutil
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any, Literal
 
 from areal.api.cli_args import InferenceEngineConfig
@@ -35,20 +36,12 @@ from areal.engine.vllm_remote import RemotevLLMEngine
 from areal.infra.remote_inf_engine import RID_CACHE_SIZE, RemoteInfBackendProtocol, RemoteInfEngine
 
 from samrollout_client.areal.backend import REPLY_VERSIONS, ReplyVersions, SamrolloutBackend
-from samrollout_client.placement import place_affine
+from samrollout_client.placement import StickyGroups
 from samrollout_client.protocol.prompt_identity import prompt_id
 
 logger = logging.getLogger("samrollout_client.areal")
 WeightTransfer = Literal["path", "push"]
 SAVE_TIMEOUT_S = 120.0  # how long a push waits for the trainer's "saved" record, as AReaL's own update does
-
-
-@dataclass
-class _PromptPlace:
-    """Where a prompt's responses go while any of them is in flight."""
-
-    server: str
-    in_flight: int = 0
 
 
 class SamrolloutInfEngine(RemoteInfEngine):  # type: ignore[misc]  # AReaL ships no type information
@@ -63,7 +56,7 @@ class SamrolloutInfEngine(RemoteInfEngine):  # type: ignore[misc]  # AReaL ships
 
     def __init__(self, config: InferenceEngineConfig, backend: RemoteInfBackendProtocol | None = None) -> None:
         super().__init__(config, backend or SamrolloutBackend())
-        self._prompts: dict[str, _PromptPlace] = {}
+        self._groups = StickyGroups()
         self._pusher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="samrollout-weight-push")
         self.dropped_servers: list[str] = []
         """Servers dropped after they stopped answering, in the order they were dropped."""
@@ -73,7 +66,7 @@ class SamrolloutInfEngine(RemoteInfEngine):  # type: ignore[misc]  # AReaL ships
         server died starts again on another (as many times as there are servers)."""
         tries = len(self.addresses)
         while True:
-            server, identity = self._place(req)
+            server = self._place(req)
             collected = ReplyVersions()
             token = REPLY_VERSIONS.set(collected)
             try:
@@ -87,7 +80,7 @@ class SamrolloutInfEngine(RemoteInfEngine):  # type: ignore[misc]  # AReaL ships
                 continue
             finally:
                 REPLY_VERSIONS.reset(token)
-                self._leave(identity)
+                self._groups.release(req.rid)
             versions = collected.apply(list(response.output_versions))
             if versions is None:
                 logger.warning("request %s: the replies' versions do not add up to its %d tokens; AReaL's own are "
@@ -96,43 +89,18 @@ class SamrolloutInfEngine(RemoteInfEngine):  # type: ignore[misc]  # AReaL ships
                 response.output_versions = versions
             return response
 
-    def _place(self, req: ModelRequest) -> tuple[str, str]:
-        """The server for ``req`` (recorded where AReaL's generation looks it up) and its prompt's identity: where
-        its prompt's other responses are, else where its request id went before (AReaL's multi-turn stickiness),
-        else the prompt's affine server."""
-        identity = prompt_id(req.input_ids)
-        place = self._prompts.get(identity)
-        if place is None or place.server not in self.addresses:
-            servers = list(self.addresses)
-            earlier = self.rid_to_address.get(req.rid)  # a later turn of the same request: its server's cache
-            if earlier not in servers:
-                earlier = servers[place_affine(identity, servers, self._loads(servers))]
-            # a prompt moved off a dropped server keeps counting its requests still on their way out
-            place = _PromptPlace(earlier, in_flight=0 if place is None else place.in_flight)
-            self._prompts[identity] = place
-        place.in_flight += 1
+    def _place(self, req: ModelRequest) -> str:
+        """The server for ``req`` by `StickyGroups` (where its request id went before, else where its prompt's
+        other responses are, else the prompt's affine server), recorded where AReaL's generation looks it up."""
+        servers = list(self.addresses)
+        server = self._groups.acquire(req.rid, prompt_id(req.input_ids), servers,
+                                      earlier=self.rid_to_address.get(req.rid))
         if req.rid not in self.rid_to_address:
             if len(self.rid_queue) >= RID_CACHE_SIZE:
                 self.rid_to_address.pop(self.rid_queue.pop(0), None)
             self.rid_queue.append(req.rid)
-        self.rid_to_address[req.rid] = place.server
-        return place.server, identity
-
-    def _loads(self, servers: list[str]) -> list[int]:
-        """The requests in flight on each of ``servers``, from the prompts placed there."""
-        loads = dict.fromkeys(servers, 0)
-        for place in self._prompts.values():
-            if place.server in loads:
-                loads[place.server] += place.in_flight
-        return [loads[server] for server in servers]
-
-    def _leave(self, identity: str) -> None:
-        """One request of the prompt ``identity`` is done; the prompt is placed afresh once none is."""
-        place = self._prompts.get(identity)
-        if place is not None:
-            place.in_flight -= 1
-            if place.in_flight <= 0:
-                del self._prompts[identity]
+        self.rid_to_address[req.rid] = server
+        return server
 
     def _drop_if_dead(self, server: str) -> bool:
         """Drop ``server`` when it no longer answers ``/health`` and others remain; True when it is gone."""

@@ -3,7 +3,7 @@
 Each instance is the one-step simulator's engine (`samrollout.sim.engine_step`): its own slots, KV budget,
 drafter and length-aware scheduler, kept across steps, so an instance drafts from and predicts with only
 what ran on it (cross-epoch history, vLLM `suffix`'s global cache, the length predictor).  Groups are placed
-by the trainer client's own placement functions (`samrollout_client.placement`): ``affine`` (rendezvous
+by the trainer client's own placement policies (`samrollout_client.placement`): ``affine`` (rendezvous
 hashing of the prompt with bounded loads) or ``least-outstanding``.
 
 The prompt stream (`epoch_stream`) is every prompt of the trace files once per epoch; epoch e of a prompt is
@@ -48,7 +48,7 @@ from samrollout.sim.admission import Admission
 from samrollout.sim.cost import CostTable
 from samrollout.sim.engine_step import EngineCounters, advance
 from samrollout.sim.state import SimInstance, SimSequence, SimSettings
-from samrollout_client.placement import LengthHistory, place_affine, plan_affine
+from samrollout_client.placement import GroupDemand, LengthHistory, place_groups, placement_policy
 from samrollout_client.rollout_rules import (
     DEFAULT_MAX_STALENESS,
     LOOPS,
@@ -237,6 +237,7 @@ class _Cluster:
         self.names = [f"instance-{i}" for i in range(sim.instances)]
         self.ran_prompts: list[set[int]] = [set() for _ in self.instances]
         self.cost, self.sim, self.placement, self.result = cost, sim, placement, result
+        self.policy = placement_policy(placement)
         self.admission = Admission(sim)
         self.version = 0
         self._next_index = 0
@@ -259,27 +260,13 @@ class _Cluster:
                 zip(sources, self._targets(sources, in_flight), strict=True)]
 
     def _targets(self, sources: Sequence[LoopGroup], in_flight: float | None) -> list[int]:
-        """The instance of each group: its recorded home, else the placement's choice (the client's: a batch as a
-        whole with `plan_affine`, weighed by the lengths it was handed before; a partial rollout's groups one by
-        one with `place_affine` and the bound shared out over ``in_flight``)."""
-        loads = [float(self.outstanding(i)) for i in self.instances]
-        if self.placement == "affine" and in_flight is None and all(s.home is None for s in sources):
-            identities = [_identity(s) for s in sources]
-            return plan_affine(identities, self.names, loads, [float(len(s.responses)) for s in sources],
-                               [self.lengths.predict(i) for i in identities])
-        works = [float(len(source.responses)) for source in sources]
-        total = max(sum(loads) + sum(works), in_flight or 0.0)
-        targets = []
-        for source, work in zip(sources, works, strict=True):
-            if source.home is not None:
-                target = source.home
-            elif self.placement == "affine":
-                target = place_affine(_identity(source), self.names, loads, work, total=total)
-            else:
-                target = min(range(len(self.instances)), key=lambda i: loads[i])
-            loads[target] += work
-            targets.append(target)
-        return targets
+        """The instance of each group: its recorded home, else the client's placement (`place_groups`: a batch as
+        a whole, weighed by the lengths it was handed before; a partial rollout's groups one by one, the bound
+        shared out over ``in_flight``; groups beside a recorded home one by one)."""
+        groups = [GroupDemand(_identity(s), float(len(s.responses)), self.lengths.predict(_identity(s)))
+                  for s in sources]
+        return place_groups(self.policy, groups, self.names, [float(self.outstanding(i)) for i in self.instances],
+                            in_flight, [s.home for s in sources])
 
     def _start(self, source: LoopGroup, target: int, now: float) -> _Held:
         """Start a group at time ``now`` on instance ``target``; count a history hit."""

@@ -38,6 +38,7 @@ from samrollout.sim.admission import Admission
 from samrollout.sim.cost import CostTable
 from samrollout.sim.engine_step import EngineCounters, advance
 from samrollout.sim.state import SimInstance, SimSequence, SimSettings
+from samrollout_client.placement import GroupDemand, LeastOutstandingPlacement, place_groups
 from samrollout_client.rollout_rules import MAX_MOVES, MOVE_MARGIN
 
 __all__ = ["SimResult", "SimSettings", "simulate"]
@@ -113,15 +114,17 @@ async def _simulate(groups: Sequence[TraceGroup], drafter_factory: Callable[[], 
 
 def place_least_outstanding(admission: Admission, instances: Sequence[SimInstance],
                             sequences: Sequence[SimSequence]) -> None:
-    """Each prompt group whole to the instance with the fewest sequences placed so far (as the trainer client
-    balances servers), then every instance's admitted sequences into its engine queue."""
+    """Each prompt group whole to its instance as the trainer client's ``least-outstanding`` placement puts a
+    rollout's groups (`samrollout_client.placement.place_groups`: all start at once and none has finished,
+    so an instance's outstanding requests are the responses placed on it so far), then every instance's
+    admitted sequences into its engine queue."""
     by_group: dict[int, list[SimSequence]] = {}
     for seq in sequences:
         by_group.setdefault(seq.group, []).append(seq)
-    placed = [0] * len(instances)
-    for group, members in by_group.items():
-        target = min(range(len(instances)), key=lambda i: placed[i])
-        placed[target] += len(members)
+    demands = [GroupDemand(f"p{group}", float(len(members))) for group, members in by_group.items()]
+    names = [f"instance-{i}" for i in range(len(instances))]
+    targets = place_groups(LeastOutstandingPlacement(), demands, names, [0.0] * len(instances))
+    for (group, members), target in zip(by_group.items(), targets, strict=True):
         admission.enqueue(instances[target], members, f"g{group}")
     for instance in instances:
         admission.release(instance)
