@@ -308,9 +308,8 @@ def test_the_verl_router_keeps_a_conversation_on_its_server_and_lets_a_group_go_
     """samrollout's one stickiness rule (`samrollout_client.placement.StickyGroups`, as AReaL's engine): a request
     id veRL routed before (a later turn) goes back to its server; siblings follow their group while any is in
     flight; released (veRL passes the request id, which the router asks for), the group is placed afresh."""
-    from samrollout_client.protocol.prompt_identity import prompt_id
-
     from samrollout_client.placement import rendezvous_ranking
+    from samrollout_client.protocol.prompt_identity import prompt_id
     from samrollout_client.verl.router import GroupStickyLoadBalancer
 
     balancer = GroupStickyLoadBalancer({"a:1": "handle-a", "b:1": "handle-b"})
