@@ -39,7 +39,7 @@ Modes (servers started once, then every round runs every mode in a rotated order
 - ``2x-divided``: predicted-work placement plus divided rollout (the client's
   ``divide_after_tokens``, ``--divide-after-tokens``): a response whose current piece has that
   many tokens moves to the other server when the client's rule finds room for it there
-  (`samrollout_client.divided.has_room`), continuing from its prompt and generated token
+  (`samrollout_client.rollouts.divided.has_room`), continuing from its prompt and generated token
   ids.  Each piece is streamed by the client's own `stream_piece` (rule, clean cuts,
   continuation requests, counts); only the loop over pieces is the benchmark's, which hangs
   up at the response's length (the client cannot: it does not know the lengths) and does
@@ -234,7 +234,7 @@ async def _stream_divided(client: httpx.AsyncClient, endpoints: list[Any], home:
     (``home``'s outstanding count already holds this response).  Each piece is streamed by
     the client's own `stream_piece`; the loop over pieces is the client's without retries.
     """
-    from samrollout_client import divided
+    from samrollout_client.rollouts import divided
 
     def refused(reply: httpx.Response) -> None:
         raise RuntimeError(f"{reply.url}: {reply.status_code} {reply.text[:300]}")

@@ -65,7 +65,7 @@ class LinkPacer:
 
 def pace_uploads(pacer: LinkPacer | None) -> None:
     """Make every file the client sends go through ``pacer`` (None: as fast as loopback goes)."""
-    from samrollout_client.weights import WeightFile
+    from samrollout_client.weight_sync.weight_files import WeightFile
 
     original = WeightFile.__dict__.get("_unpaced_chunks") or WeightFile.chunks
     WeightFile._unpaced_chunks = original  # type: ignore[attr-defined]

@@ -34,8 +34,8 @@ from samrollout_client import (
     Sampling,
     WeightVersionSpan,
 )
-from samrollout_client.divided import DividedSample, move_target
 from samrollout_client.endpoints import Endpoint
+from samrollout_client.rollouts.divided import DividedSample, move_target
 from samrollout_client.spans import join_spans, parse_spans
 from samrollout_client.verl.settings import backend_settings
 from support.frozen_engine import counter, freeze, in_flight_at_least, step_until, until

@@ -36,7 +36,7 @@ from samrollout.server.errors import ApiError
 from samrollout.server.weights.weight_uploads import WeightUploads, default_staging_root, remove_stale_staging
 from samrollout.testing import ServerProcess
 from samrollout_client import RequestRejected, RolloutClient
-from samrollout_client.weights import WeightFiles, plan_shards
+from samrollout_client.weight_sync.weight_files import WeightFiles, plan_shards
 from support.weight_swap import swapping_weights
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}

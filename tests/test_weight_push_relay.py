@@ -27,7 +27,7 @@ from samrollout.server.weights.weight_relay import parse_relay_header
 from samrollout.testing import ServerProcess
 from samrollout_client import RolloutClient, SamrolloutError
 from samrollout_client.protocol.weight_uploads import MAX_RELAY_HOPS, RELAY_HEADER
-from samrollout_client.weight_push import relay_chains
+from samrollout_client.weight_sync.weight_push import relay_chains
 from support.weight_swap import WeightSwapper, greedy, open_uploads, server_id, swapped_pair
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}

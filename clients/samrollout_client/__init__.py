@@ -9,8 +9,8 @@
 
 from samrollout_client.client import AsyncRolloutClient
 from samrollout_client.errors import NoEndpointAvailable, RequestRejected, RolloutFailed, SamrolloutError
-from samrollout_client.partial import PartialRollout
 from samrollout_client.protocol.modes import InFlight
+from samrollout_client.rollouts.partial import PartialRollout
 from samrollout_client.sync import RolloutClient, SyncPartialRollout
 from samrollout_client.types import (
     GroupResult,
@@ -25,8 +25,8 @@ from samrollout_client.types import (
     WeightPush,
     WeightVersionSpan,
 )
-from samrollout_client.weight_commit import EndpointWeights, WeightsSplit
-from samrollout_client.weight_push import StagedWeights
+from samrollout_client.weight_sync.weight_commit import EndpointWeights, WeightsSplit
+from samrollout_client.weight_sync.weight_push import StagedWeights
 
 __all__ = ["AsyncRolloutClient", "EndpointWeights", "GroupResult", "InFlight", "NoEndpointAvailable",
            "PartialRollout", "PartialRolloutStats", "RequestRejected", "RolloutClient", "RolloutFailed",

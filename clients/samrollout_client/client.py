@@ -18,17 +18,18 @@ input order; if anything is still missing after the retries (or the overall time
 
 With ``divide_after_tokens`` (off by default) and several endpoints, samples are streamed
 and a long one can continue on a less loaded endpoint from what it has generated
-(`samrollout_client.divided`).
+(`samrollout_client.rollouts.divided`).
 
 For asynchronous RL, `AsyncRolloutClient.partial_rollout` returns batches of whole groups as
 they complete and carries the unfinished samples into the next step, across weight updates
-with ``in_flight="continue"`` (`samrollout_client.partial`).  Every sample carries its
+with ``in_flight="continue"`` (`samrollout_client.rollouts.partial`).  Every sample carries its
 weight-version spans (`samrollout_client.spans`); `AsyncRolloutClient.weight_versions` orders
 the versions this client saw served.
 
 This module is the generation; the client's other parts have modules of their own: HTTP and what
 its failures mean (`samrollout_client.transport`), the versions seen served
-(`samrollout_client.versions`) and the all-or-nothing weight push (`samrollout_client.weight_push`).
+(`samrollout_client.weight_sync.versions`) and the all-or-nothing weight push
+(`samrollout_client.weight_sync.weight_push`).
 """
 
 from __future__ import annotations
@@ -48,22 +49,22 @@ from samrollout_client.arguments import (
     check_prompts,
     check_update,
 )
-from samrollout_client.divided import (
+from samrollout_client.endpoints import Endpoint, EndpointPool
+from samrollout_client.errors import NoEndpointAvailable, RequestRejected, RolloutFailed, SamrolloutError
+from samrollout_client.placement import DEFAULT_PLACEMENT, GroupDemand, LengthHistory, Placement, placement_policy
+from samrollout_client.protocol.modes import InFlight, PauseMode
+from samrollout_client.protocol.prompt_identity import prompt_id
+from samrollout_client.rollout_rules import DEFAULT_MAX_STALENESS
+from samrollout_client.rollouts.divided import (
     DividedSample,
     StreamError,
     check_divide_after_tokens,
     check_divisible,
     stream_piece,
 )
-from samrollout_client.endpoints import Endpoint, EndpointPool
-from samrollout_client.errors import NoEndpointAvailable, RequestRejected, RolloutFailed, SamrolloutError
-from samrollout_client.partial import PartialRollout
-from samrollout_client.placement import DEFAULT_PLACEMENT, GroupDemand, LengthHistory, Placement, placement_policy
-from samrollout_client.progress import RolloutProgress
-from samrollout_client.protocol.modes import InFlight, PauseMode
-from samrollout_client.protocol.prompt_identity import prompt_id
-from samrollout_client.report import combine_summaries
-from samrollout_client.rollout_rules import DEFAULT_MAX_STALENESS
+from samrollout_client.rollouts.partial import PartialRollout
+from samrollout_client.rollouts.progress import RolloutProgress
+from samrollout_client.rollouts.report import combine_summaries
 from samrollout_client.spans import parse_spans
 from samrollout_client.transport import RETRYABLE_ERRORS, Busy, Retryable, Transport, check_status
 from samrollout_client.types import (
@@ -77,10 +78,10 @@ from samrollout_client.types import (
     StalePolicy,
     WeightPush,
 )
-from samrollout_client.versions import VersionTracker
-from samrollout_client.weight_commit import WeightsSplit, commit_weights, push_weights, roll_back
-from samrollout_client.weight_push import StagedWeights, stage_weights
-from samrollout_client.weights import DEFAULT_SHARD_BYTES, WeightFiles, WeightsSource
+from samrollout_client.weight_sync.versions import VersionTracker
+from samrollout_client.weight_sync.weight_commit import WeightsSplit, commit_weights, push_weights, roll_back
+from samrollout_client.weight_sync.weight_files import DEFAULT_SHARD_BYTES, WeightFiles, WeightsSource
+from samrollout_client.weight_sync.weight_push import StagedWeights, stage_weights
 
 
 class AsyncRolloutClient:
@@ -95,7 +96,7 @@ class AsyncRolloutClient:
     started on.  An integer C >= 1 turns divided rollout on (with more than one endpoint):
     every sample is streamed, and one whose current piece has C tokens or more can continue
     from its generated tokens on an endpoint with room for it (the rule, the exactness notes
-    and the refused sampling settings: `samrollout_client.divided`).
+    and the refused sampling settings: `samrollout_client.rollouts.divided`).
     """
 
     def __init__(self, endpoints: str | Sequence[str], model: str, *, api_key: str | None = None,
@@ -223,7 +224,7 @@ class AsyncRolloutClient:
                         rollout_id: str | None = None) -> PartialRollout:
         """Batches of ``batch_groups`` whole groups of ``group_size`` samples; unfinished ones run into the next step.
 
-        For asynchronous RL (`samrollout_client.partial`): up to ``max_concurrent_groups``
+        For asynchronous RL (`samrollout_client.rollouts.partial`): up to ``max_concurrent_groups``
         groups (default ``2 * batch_groups``) generate at once, a new prompt is taken from
         ``prompts`` (any iterable, also endless; ``group.index`` is a prompt's position in it)
         whenever a group is returned or given up, and `PartialRollout.next_batch` returns the
@@ -319,7 +320,7 @@ class AsyncRolloutClient:
         raise SamrolloutError(f"failed {self.max_attempts} times, last on {endpoint.url}: {last_error}")
 
     async def _divided_sample(self, body: dict[str, Any], home: Endpoint) -> Sample:
-        """One streamed sample that may move to less loaded endpoints (`samrollout_client.divided`).
+        """One streamed sample that may move to less loaded endpoints (`samrollout_client.rollouts.divided`).
 
         A failure mid-sample continues from the last clean cut on another endpoint; a
         continuation the server refuses (4xx: e.g. prompt plus generated tokens over its
@@ -452,7 +453,7 @@ class AsyncRolloutClient:
 
         ``staged``: what `stage_weights` returned, or a `WeightsSplit`'s ``staged`` (the uploads
         still staged where a commit failed: this tries those commits again). Raises `WeightsSplit`
-        when some endpoints load it and others do not (`samrollout_client.weight_commit`).
+        when some endpoints load it and others do not (`samrollout_client.weight_sync.weight_commit`).
         """
         check_update(version, in_flight)
         return await commit_weights(self._transport, self._versions, staged, version, in_flight, timeout_s)

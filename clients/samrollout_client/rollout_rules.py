@@ -1,6 +1,6 @@
 """The rules of an RL loop's rollouts, written once: the client's partial rollout and the simulator both follow them.
 
-Pure: no I/O, no clock, standard library only.  `samrollout_client.partial.PartialRollout` applies them to real
+Pure: no I/O, no clock, standard library only.  `samrollout_client.rollouts.partial.PartialRollout` applies them to real
 requests; `samrollout.sim.rl_loop` applies them to simulated sequences, so that a projection calibrates the rules
 the trainer runs, not a copy of them (tests/test_module_layering.py checks that both import this module).
 
@@ -30,7 +30,7 @@ BATCHES_IN_FLIGHT = 2
 one, the next generates."""
 
 MOVE_MARGIN = 2
-"""A divided rollout's sample (`samrollout_client.divided`), with nothing waiting on either side, moves only if
+"""A divided rollout's sample (`samrollout_client.rollouts.divided`), with nothing waiting on either side, moves only if
 its endpoint streams this many more requests.
 
 Two is the smallest margin that cannot bounce: after the move the target streams at most

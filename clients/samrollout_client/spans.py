@@ -4,7 +4,7 @@ The server puts ``weight_version_spans`` on every choice (a stream: on the chunk
 ``[{"start", "end", "version"}]`` over the choice's ``token_ids``, ``end`` exclusive.  More
 than one span means a weight update with ``in_flight: "continue"`` ran while it generated.
 A server from before the spans sends none: the choice is then one span of the response's
-``weight_version``.  A divided sample (`samrollout_client.divided`) joins its pieces' spans,
+``weight_version``.  A divided sample (`samrollout_client.rollouts.divided`) joins its pieces' spans,
 each shifted by the tokens before it.
 """
 

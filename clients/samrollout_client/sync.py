@@ -9,9 +9,9 @@ from typing import Any, Literal, TypeVar
 
 from samrollout_client.arguments import SamplingLike
 from samrollout_client.client import AsyncRolloutClient
-from samrollout_client.partial import PartialRollout
 from samrollout_client.protocol.modes import InFlight, PauseMode
 from samrollout_client.rollout_rules import DEFAULT_MAX_STALENESS
+from samrollout_client.rollouts.partial import PartialRollout
 from samrollout_client.types import (
     GroupResult,
     PartialRolloutStats,
@@ -20,9 +20,9 @@ from samrollout_client.types import (
     StalePolicy,
     WeightPush,
 )
-from samrollout_client.weight_commit import WeightsSplit
-from samrollout_client.weight_push import StagedWeights
-from samrollout_client.weights import DEFAULT_SHARD_BYTES, WeightsSource
+from samrollout_client.weight_sync.weight_commit import WeightsSplit
+from samrollout_client.weight_sync.weight_files import DEFAULT_SHARD_BYTES, WeightsSource
+from samrollout_client.weight_sync.weight_push import StagedWeights
 
 T = TypeVar("T")
 

@@ -1,9 +1,9 @@
 """How a pushed weight file travels: the upload URL, the headers, the relay's spelling and its confirmations.
 
-The client (`samrollout_client.weight_push`) sends each file to the first server of a relay chain; that server
-(`samrollout.server.weights.weight_relay`) streams it on to the next hop while it arrives, and answers once the rest of
-the chain confirmed its copy.  Both sides build and read these messages with the functions here, so they cannot
-spell them differently.
+The client (`samrollout_client.weight_sync.weight_push`) sends each file to the first server of a relay chain; that
+server (`samrollout.server.weights.weight_relay`) streams it on to the next hop while it arrives, and answers once
+the rest of the chain confirmed its copy. Both sides build and read these messages with the functions here, so they
+cannot spell them differently.
 """
 
 from __future__ import annotations

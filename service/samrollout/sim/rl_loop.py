@@ -17,7 +17,7 @@ Loops (as `bench/async_rollout.py` runs them against a real server):
 - ``sync-abort``: a step places ``ceil(batch_groups * (1 + oversample))`` groups and takes the first
   ``batch_groups`` to complete; the rest run on through training and the transfer, then the update aborts
   them (their tokens are discarded).
-- ``async-continue``: `samrollout_client.partial.PartialRollout` (up to ``max_concurrent_groups`` held, default
+- ``async-continue``: `samrollout_client.rollouts.partial.PartialRollout` (up to ``max_concurrent_groups`` held, default
   two batches; a batch is the first ``batch_groups`` complete groups, stalest first; a new prompt starts
   whenever a group is returned); unfinished samples run on through training and the update (``continue``,
   their KV recomputed or kept); a finished sample whose oldest token lags more than ``max_staleness``
@@ -445,7 +445,7 @@ async def _run_async(stream: Sequence[LoopGroup], drafter_factory: Callable[[], 
 
 
 class _PartialRollout:
-    """`samrollout_client.partial.PartialRollout`'s rules (`samrollout_client.rollout_rules`) on the simulated
+    """`samrollout_client.rollouts.partial.PartialRollout`'s rules (`samrollout_client.rollout_rules`) on the simulated
     cluster."""
 
     def __init__(self, cluster: _Cluster, stream: Sequence[LoopGroup], loop: LoopSettings) -> None:

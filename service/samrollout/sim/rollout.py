@@ -145,7 +145,7 @@ def _summarize(result: SimResult, sequences: Sequence[SimSequence], tail_rows: i
 
 
 def _divide(source: SimInstance, instances: Sequence[SimInstance], after_tokens: int, admission: Admission) -> int:
-    """The client's divided rollout (`samrollout_client.divided.move_target`): a running sequence whose
+    """The client's divided rollout (`samrollout_client.rollouts.divided.move_target`): a running sequence whose
     current piece has ``after_tokens`` tokens moves to the instance streaming the fewest where there is
     room; there it re-prefills its prompt and tokens so far.  Returns how many moved."""
     moved = 0
@@ -168,7 +168,7 @@ def _divide(source: SimInstance, instances: Sequence[SimInstance], after_tokens:
 
 
 def _has_room(source: SimInstance, target: SimInstance, admission: Admission) -> bool:
-    """`samrollout_client.divided.has_room`: nothing waits on the target, and it streams fewer."""
+    """`samrollout_client.rollouts.divided.has_room`: nothing waits on the target, and it streams fewer."""
     if target.waiting or admission.has_work(target):
         return False
     if len(source.running) - len(target.running) >= MOVE_MARGIN:

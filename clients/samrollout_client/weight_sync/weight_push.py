@@ -36,7 +36,7 @@ from samrollout_client.protocol.weight_uploads import (
     upload_file_url,
 )
 from samrollout_client.transport import Transport, raise_failures
-from samrollout_client.weights import WeightFile, WeightFiles
+from samrollout_client.weight_sync.weight_files import WeightFile, WeightFiles
 
 logger = logging.getLogger("samrollout_client")
 

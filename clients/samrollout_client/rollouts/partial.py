@@ -161,7 +161,7 @@ class PartialRollout:
         concurrent = concurrent_groups(batch_groups, max_concurrent_groups)
         self.sampling = as_sampling(sampling)
         if client.divide_after_tokens is not None:
-            from samrollout_client.divided import check_divisible
+            from samrollout_client.rollouts.divided import check_divisible
 
             check_divisible(self.sampling)
         self.group_size, self.batch_groups, self.max_concurrent_groups = group_size, batch_groups, concurrent

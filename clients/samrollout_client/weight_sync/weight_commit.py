@@ -29,8 +29,9 @@ from samrollout_client.errors import SamrolloutError
 from samrollout_client.protocol.modes import InFlight
 from samrollout_client.transport import Transport
 from samrollout_client.types import WeightPush
-from samrollout_client.versions import VersionTracker
-from samrollout_client.weight_push import (
+from samrollout_client.weight_sync.versions import VersionTracker
+from samrollout_client.weight_sync.weight_files import WeightFiles
+from samrollout_client.weight_sync.weight_push import (
     StagedWeights,
     UploadTarget,
     cancel_uploads,
@@ -39,7 +40,6 @@ from samrollout_client.weight_push import (
     stage_weights,
     versions_text,
 )
-from samrollout_client.weights import WeightFiles
 
 
 @dataclass(frozen=True)
