@@ -40,6 +40,18 @@ as many as the source, so the sample has no reason to move back.
 MAX_MOVES = 4
 """Moves for load per sample, at most (continuations after a failure are not bounded by it)."""
 
+def may_take_over(source_streaming: int, source_waiting: bool, target_streaming: int, target_waiting: bool) -> bool:
+    """Whether a server streaming ``target_streaming`` samples may take over a divided rollout's sample from one
+    streaming ``source_streaming``: nothing waits on the target, and the source streams `MOVE_MARGIN` more, or
+    requests wait at the source and the target streams fewer.  The client (`rollouts.divided.has_room`) and the
+    simulator (`samrollout.sim.rollout`) count streaming and waiting each their own way and ask this."""
+    if target_waiting:
+        return False
+    if source_streaming - target_streaming >= MOVE_MARGIN:
+        return True
+    return source_waiting and target_streaming < source_streaming
+
+
 Loop = Literal["sync-wait", "sync-abort", "async-continue"]
 """How a trainer's step gets its batch: wait for all its groups and update with nothing in flight
 (``sync-wait``); over-sample, take the first groups done and abort the rest at the update (``sync-abort``); or a

@@ -60,7 +60,8 @@ from typing import Any
 import httpx
 
 from samrollout_client.endpoints import Endpoint
-from samrollout_client.rollout_rules import MAX_MOVES, MOVE_MARGIN
+from samrollout_client.placement import least_loaded
+from samrollout_client.rollout_rules import MAX_MOVES, may_take_over
 from samrollout_client.spans import join_spans, parse_spans
 from samrollout_client.types import Sample, SamplePiece, Sampling, SpecStats, WeightVersionSpan
 
@@ -277,16 +278,14 @@ def move_target(current: Endpoint, endpoints: Sequence[Endpoint], sample: Divide
     version = sample.piece.weight_version
     others = [e for e in endpoints if e is not current and not e.down and has_room(current, e)
               and version is not None and e.weight_version == version]
-    return min(others, key=lambda e: e.streaming) if others else None
+    return others[least_loaded([e.streaming for e in others])] if others else None
 
 
 def has_room(source: Endpoint, target: Endpoint) -> bool:
     """Whether ``target`` can take over a sample streaming from ``source`` now (the module docstring)."""
-    if target.outstanding > target.streaming:  # something of ours waits there (queued, or not started yet)
-        return False
-    if source.streaming - target.streaming >= MOVE_MARGIN:
-        return True
-    return source.outstanding > source.streaming and target.streaming < source.streaming
+    # Waiting: something of ours is queued there, or not started yet.
+    return may_take_over(source.streaming, source.outstanding > source.streaming,
+                         target.streaming, target.outstanding > target.streaming)
 
 
 async def stream_piece(http: httpx.AsyncClient, endpoint: Endpoint, body: dict[str, Any], sample: DividedSample,

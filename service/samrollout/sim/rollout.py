@@ -38,8 +38,8 @@ from samrollout.sim.admission import Admission
 from samrollout.sim.cost import CostTable
 from samrollout.sim.engine_step import EngineCounters, advance
 from samrollout.sim.state import SimInstance, SimSequence, SimSettings
-from samrollout_client.placement import GroupDemand, LeastOutstandingPlacement, place_groups
-from samrollout_client.rollout_rules import MAX_MOVES, MOVE_MARGIN
+from samrollout_client.placement import GroupDemand, LeastOutstandingPlacement, least_loaded, place_groups
+from samrollout_client.rollout_rules import MAX_MOVES, may_take_over
 
 __all__ = ["SimResult", "SimSettings", "simulate"]
 
@@ -155,7 +155,7 @@ def _divide(source: SimInstance, instances: Sequence[SimInstance], after_tokens:
         targets = [t for t in instances if t is not source and _has_room(source, t, admission)]
         if not targets:
             continue
-        target = min(targets, key=lambda t: len(t.running))
+        target = targets[least_loaded([len(t.running) for t in targets])]
         source.running.remove(seq)
         if source.drafter is not None:
             source.drafter.remove(seq.index)
@@ -169,9 +169,5 @@ def _divide(source: SimInstance, instances: Sequence[SimInstance], after_tokens:
 
 def _has_room(source: SimInstance, target: SimInstance, admission: Admission) -> bool:
     """`samrollout_client.rollouts.divided.has_room`: nothing waits on the target, and it streams fewer."""
-    if target.waiting or admission.has_work(target):
-        return False
-    if len(source.running) - len(target.running) >= MOVE_MARGIN:
-        return True
-    source_waits = bool(source.waiting) or admission.has_work(source)
-    return source_waits and len(target.running) < len(source.running)
+    return may_take_over(len(source.running), bool(source.waiting) or admission.has_work(source),
+                         len(target.running), bool(target.waiting) or admission.has_work(target))
