@@ -28,7 +28,7 @@ from .pypi_source import Artifact, source_or_fail
 
 HERE = Path(__file__).parent
 SERVER = HERE.parents[1] / "service" / "samrollout" / "server"
-LAYOUTS = SERVER / "vllm_layouts"
+LAYOUTS = SERVER / "vllm_compat" / "vllm_layouts"
 
 Function = ast.FunctionDef | ast.AsyncFunctionDef
 
@@ -162,8 +162,9 @@ def missing_layout_imports(root: Path, layout: str) -> list[str]:
 # --- the server's source ---
 
 def server_sources(layout: str) -> list[Path]:
-    """The server's modules that call vLLM when the layout module ``layout`` is the one imported."""
-    return [*sorted(SERVER.glob("*.py")), LAYOUTS / layout]
+    """The server's modules (in every part of it) that call vLLM when the layout module ``layout`` is the one
+    imported."""
+    return [*sorted(p for p in SERVER.rglob("*.py") if LAYOUTS not in p.parents), LAYOUTS / layout]
 
 
 def engine_calls(layout: str) -> list[tuple[str, int, set[str], str]]:
