@@ -190,3 +190,16 @@ def test_no_route_module_imports_another() -> None:
     graph = _graph()
     routes = {m for m in graph if m.startswith("samrollout.server.") and m.endswith("_routes")}
     assert not {m: sorted(graph[m] & routes) for m in routes if graph[m] & routes}
+
+
+def test_no_function_in_the_service_the_client_or_bench_is_over_sixty_lines() -> None:
+    """Small functions with one job each: any over 60 lines is split (a helper, a table, a smaller class)."""
+    long = {}
+    for folder in (*PACKAGES.values(), ROOT / "bench"):
+        for path in folder.rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                    lines = (node.end_lineno or node.lineno) - node.lineno + 1
+                    if lines > 60:
+                        long[f"{path.relative_to(ROOT)}:{node.name}"] = lines
+    assert not long
