@@ -84,7 +84,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from harness import host, write_json
-from samrollout_client.rollout_rules import LOOP_MODES, update_mode
+from samrollout_client.rollout_rules import LOOP_MODES, in_flight_of
 
 HERE = Path(__file__).resolve().parent
 MODES = LOOP_MODES
@@ -98,7 +98,7 @@ def mode_runner(mode: str, args: argparse.Namespace) -> tuple[str, argparse.Name
     bound = BOUNDED.match(mode)
     base = bound.group(1) if bound else mode
     kv = "keep" if base.endswith("-keep-kv") else "recompute"
-    changes: dict[str, Any] = {"in_flight": update_mode("async-continue", kv)}
+    changes: dict[str, Any] = {"in_flight": in_flight_of("async-continue", kv)}
     if bound:
         changes["max_staleness"] = int(bound.group(2))
     runner = "async-continue" if base.startswith("async-continue") else base

@@ -4,7 +4,7 @@ Pure: no I/O, no clock, standard library only.  `samrollout_client.rollouts.part
 requests; `samrollout.sim.rl_loop` applies them to simulated sequences, so that a projection calibrates the rules
 the trainer runs, not a copy of them (tests/test_module_layering.py checks that both import this module).
 
-- The loops a trainer runs and what each asks of a weight update (`LOOPS`, `update_mode`).
+- The loops a trainer runs and what each asks of a weight update (`LOOPS`, `in_flight_of`).
 - How many groups a partial rollout keeps started (`concurrent_groups`: two batches by default).
 - Staleness: how many versions a sample's oldest token lags the newest (`staleness`), and whether a
   finished sample may still be returned (`too_stale`, bound `DEFAULT_MAX_STALENESS`).
@@ -62,8 +62,6 @@ LOOP_SHORT_NAMES: dict[str, Loop] = {"sync": "sync-wait", "sync-abort": "sync-ab
 KvOnUpdate = Literal["recompute", "keep"]
 """What an ``async-continue`` update does to the keys and values of the samples in flight."""
 KV_ON_UPDATE: tuple[KvOnUpdate, ...] = get_args(KvOnUpdate)
-LOOP_MODES: tuple[str, ...] = ("sync-wait", "sync-abort", "async-continue", "async-continue-keep-kv")
-"""Each loop with each way its updates treat the KV in flight, as `bench/async_rollout.py --modes` names them."""
 
 _UPDATE_MODES: dict[tuple[Loop, KvOnUpdate], InFlight] = {
     ("sync-wait", "recompute"): "wait", ("sync-wait", "keep"): "wait",
@@ -72,14 +70,19 @@ _UPDATE_MODES: dict[tuple[Loop, KvOnUpdate], InFlight] = {
 }
 
 
-def update_mode(loop: Loop, kv: KvOnUpdate = "recompute") -> InFlight:
+def in_flight_of(loop: Loop, kv: KvOnUpdate = "recompute") -> InFlight:
     """The ``in_flight`` mode of ``loop``'s weight updates (``kv``: what a continuing update does to the KV)."""
     return _UPDATE_MODES[loop, kv]
 
 
 def loop_mode(loop: Loop, kv: KvOnUpdate = "recompute") -> str:
     """The `LOOP_MODES` name of ``loop`` with ``kv``."""
-    return f"{loop}-keep-kv" if update_mode(loop, kv) == "continue-keep-kv" else loop
+    return f"{loop}-keep-kv" if in_flight_of(loop, kv) == "continue-keep-kv" else loop
+
+
+LOOP_MODES: tuple[str, ...] = tuple(dict.fromkeys(loop_mode(loop, kv) for loop in LOOPS for kv in KV_ON_UPDATE))
+"""Each loop with each way its updates treat the KV in flight (sync-wait, sync-abort, async-continue,
+async-continue-keep-kv), as `bench/async_rollout.py --modes` names them."""
 
 
 def concurrent_groups(batch_groups: int, max_concurrent_groups: int | None = None) -> int:

@@ -7,10 +7,6 @@ in-flight registry (abort by rollout), the stream's response id, weight labels a
 
 from __future__ import annotations
 
-from typing import Literal
-
-RequestKind = Literal["completion", "chat"]
-
 
 def response_id(kind: str, base_id: str) -> str:
     """The response id vLLM gives an HTTP request of ``kind`` (and, for a chat, its engine request's id)."""
