@@ -283,6 +283,9 @@ def test_the_server_distribution_depends_on_this_client_at_its_version() -> None
 # --- divided rollout: a long sample continues on a less loaded endpoint -----------------------------------
 
 DIVIDED_PROMPT = "def main():"  # the tiny model's greedy answer changes tokens at a few positions, not one loop
+# How long `divided_group` lets each step's tokens reach the client before the next step: a late chunk only merges
+# a few steps' tokens, and a 200-token response leaves room for a move long after the first 16.
+SETTLE_S = 0.3
 
 
 def long_greedy(max_tokens: int = 200, logprobs: int | None = 0) -> Sampling:
@@ -303,8 +306,9 @@ async def divided_group(first: ServerProcess, second: ServerProcess, sampling: S
     A sample moves only at the end of a streamed chunk, and only before its last token.  Left to run, the tiny
     model makes 4 tokens a step in a few milliseconds; on a loaded machine the server's stream can fall behind the
     engine and send a whole response in two chunks (its first token, then the other 199): no chunk ends where a
-    move may happen, and the sample stays (the earlier failure: 0 moves).  Stepped, each step's tokens reach the
-    client as a chunk of their own, however slow the machine (`support.frozen_engine`).  ``least-outstanding``
+    move may happen, and the sample stays (the earlier failure: 0 moves).  Stepped, each chunk holds a step's
+    tokens, or a few steps' when one reaches the client later than `SETTLE_S`, however slow the machine
+    (`support.frozen_engine`).  ``least-outstanding``
     placement, so that the group starts on ``first`` whatever the servers' ports (affine placement would pick by
     a hash of the URLs); the moved piece reaches ``second``, which runs freely.
     """
@@ -321,7 +325,7 @@ async def divided_group(first: ServerProcess, second: ServerProcess, sampling: S
             running = asyncio.create_task(client.generate([DIVIDED_PROMPT], n=2, sampling=sampling,
                                                           rollout_id=rollout_id))
             await until(lambda: in_flight_at_least(held, 2), "both samples to reach the first server")
-            await step_until(held, moved)
+            await step_until(held, moved, settle_s=SETTLE_S)
         groups = await running
         assert [(e.outstanding, e.streaming) for e in client.pool.endpoints] == [(0, 0), (0, 0)]
     return groups[0].samples
@@ -400,17 +404,31 @@ def test_a_sample_whose_server_fails_mid_response_continues_elsewhere_from_its_t
 
 def test_a_continuation_the_target_refuses_restarts_the_sample_unmoved(tiny_server: ServerProcess,
                                                                       second_server: ServerProcess) -> None:
-    """The second server caps prompts at 480 tokens: a 470-token prompt plus 12 generated ones is refused there
-    (``least-outstanding`` placement: the group starts on the first server, the one without the cap)."""
+    """`tiny_server` caps prompts at 480 tokens: a 470-token prompt plus 12 generated ones is refused there.
+
+    The group starts on `second_server` (first in the list, ``least-outstanding`` placement), whose engine is run a
+    step at a time until the continuation has been refused (`divided_group` says why a free-running engine can send
+    the whole response in two chunks, leaving no chunk end where a move may happen); then everything runs freely.
+    """
     prompt = [1000] * 470
+    auth = {"Authorization": f"Bearer {API_KEY}"}
+    refused_before = refused_requests(tiny_server)
+
+    async def refused(capped: httpx.AsyncClient) -> bool:
+        return refused_in((await capped.get("/metrics")).text) > refused_before
 
     async def run() -> list[Sample]:
         async with AsyncRolloutClient([second_server.url, tiny_server.url], model="tiny", api_key=API_KEY,
-                                      divide_after_tokens=12, placement="least-outstanding") as client:
-            groups = await client.generate([prompt], n=2, sampling=long_greedy(max_tokens=40))
+                                      divide_after_tokens=12, placement="least-outstanding") as client, \
+                httpx.AsyncClient(base_url=second_server.url, headers=auth, timeout=120) as held, \
+                httpx.AsyncClient(base_url=tiny_server.url, headers=auth, timeout=120) as capped:
+            async with frozen(held):
+                running = asyncio.create_task(client.generate([prompt], n=2, sampling=long_greedy(max_tokens=40)))
+                await until(lambda: in_flight_at_least(held, 2), "both samples to reach the uncapped server")
+                await step_until(held, lambda: refused(capped))
+            groups = await running
         return groups[0].samples
 
-    refused_before = refused_requests(tiny_server)
     samples = asyncio.run(run())
     assert refused_requests(tiny_server) == refused_before + 1  # the continuation
     assert all(s.moves == 0 and s.pieces == [] and len(s.token_ids) == 40 for s in samples)
@@ -419,7 +437,12 @@ def test_a_continuation_the_target_refuses_restarts_the_sample_unmoved(tiny_serv
 
 def refused_requests(server: ServerProcess) -> float:
     """The server's count of 400 answers (``samrollout_http_errors_total{code="400"}``)."""
-    for line in httpx.get(f"{server.url}/metrics", timeout=30).text.splitlines():
+    return refused_in(httpx.get(f"{server.url}/metrics", timeout=30).text)
+
+
+def refused_in(metrics: str) -> float:
+    """The count of 400 answers in a /metrics page."""
+    for line in metrics.splitlines():
         if line.startswith("samrollout_http_errors_total{") and 'code="400"' in line:
             return float(line.rsplit(" ", 1)[1])
     return 0.0
