@@ -8,6 +8,7 @@ import queue
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -166,7 +167,7 @@ def _run(run: EngineRun, cpus: list[int]) -> dict[str, Any]:
 # --- the HTTP server, started once per test session (samrollout.testing) ---
 API_KEY = "test-key"
 # Fraction of this machine's memory each tiny-model server reserves (KV cache); several run at once.
-TINY_SERVER_MEMORY = 0.1
+TINY_SERVER_MEMORY = 0.05  # 1.2 GB: about 0.4 GB of KV cache, 400,000 tokens of the tiny model
 TINY_CONTEXT = 512            # the tiny server's --max-model-len
 TINY_MAX_PROMPT_TOKENS = 480  # the tiny server's --max-prompt-tokens
 TINY_CHUNK_TOKENS = 128       # the tiny server's prefill chunk (vLLM's --max-num-batched-tokens)
@@ -326,9 +327,23 @@ def _launch_ahead() -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    """Stop the servers launched for tests that never ran (a run stopped early)."""
+    """Stop the servers launched for tests that never ran (a run stopped early); wait for those stopping."""
     while _launched:
-        _launched.popitem()[1].stop()
+        stop_in_background(_launched.popitem()[1])
+    for stopping in _stopping:
+        stopping.join()
+
+
+_stopping: list[threading.Thread] = []
+
+
+def stop_in_background(server: Any) -> None:
+    """SIGTERM ``server`` and go on: vLLM's engine takes about 8 s to exit (its worker, then a 5 s grace), time
+    the next tests can use; `pytest_sessionfinish` waits for each.  Until it has exited it still counts against
+    `AHEAD_MEMORY` (`_Launches.held`)."""
+    stopping = threading.Thread(target=server.stop, name=f"stopping {server.url}", daemon=True)
+    stopping.start()
+    _stopping.append(stopping)
 
 
 def shared_server(name: str, tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
@@ -338,8 +353,10 @@ def shared_server(name: str, tiny_dir: Path, tmp_path_factory: pytest.TempPathFa
 
 def take_server(name: str, args: ServerArgs, tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
     """The server ``name`` once it answers: the one launched ahead for it, else one with flags ``args`` now."""
-    server = _launched.pop(name, None) or _launch(args(tiny_dir), tmp_path_factory.mktemp(name) / "server.log",
-                                                  PEER_PORTS.get(name))
+    server = _launched.pop(name, None)
+    if server is None:  # not launched ahead (no memory for it yet): started now, and never launched ahead after
+        _launches.ahead = [(place, ahead) for place, ahead in _launches.ahead if ahead != name]
+        server = _launch(args(tiny_dir), tmp_path_factory.mktemp(name) / "server.log", PEER_PORTS.get(name))
     server.ready()
     _launch_ahead()  # the next one may start now
     return server
@@ -358,7 +375,7 @@ def server_fixture(name: str, args: ServerArgs, scope: Literal["module", "functi
     def fixture(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         server = take_server(name, args, tiny_dir, tmp_path_factory)
         yield server
-        server.stop()
+        stop_in_background(server)
 
     return fixture
 
@@ -371,7 +388,7 @@ def tiny_server(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory):  # ty
     """
     server = shared_server("tiny_server", tiny_dir, tmp_path_factory)
     yield server
-    server.stop()
+    stop_in_background(server)
 
 
 @pytest.fixture(scope="session")
@@ -384,7 +401,7 @@ def second_tiny_server(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory)
     """
     server = shared_server("second_tiny_server", tiny_dir, tmp_path_factory)
     yield server
-    server.stop()
+    stop_in_background(server)
 
 
 @pytest.fixture(scope="session")
@@ -392,7 +409,7 @@ def tiny_server_to_kill(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory
     """A tiny server (`second_tiny_server`'s flags) for the one test that kills it; stopped at the end if alive."""
     server = shared_server("tiny_server_to_kill", tiny_dir, tmp_path_factory)
     yield server
-    server.stop()
+    stop_in_background(server)
 
 
 @pytest.fixture(scope="session")

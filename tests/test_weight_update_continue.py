@@ -49,7 +49,10 @@ from support.frozen_engine import (
 from support.weight_swap import WeightSwapper, swapping_weights
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
-LENGTH = 440  # tokens of each probe: prompt (chat: its template too) + LENGTH within the 512-token context
+# Tokens of each probe: the update lands a step or two in (the engine is frozen until it does), so a short probe
+# has room for both spans; every token is a seeded engine step, and the probes run one after the other.
+LENGTH = 64
+REUSE_LENGTH = 440  # the probe whose blocks a later request must not reuse: several full blocks, within the context
 
 
 # --- the server: metrics, idleness, the weights it serves ---
@@ -554,7 +557,7 @@ def test_a_request_after_a_keep_kv_update_reuses_no_keys_or_values_of_the_old_we
     # is the probe's prompt and output (several full blocks) must compute it all under the new weights: it gives
     # what the same request gives on an emptied cache.
     wait_until_idle(tiny_server)
-    body = completion(prompt(13), LENGTH, seed=10, **TOP1)
+    body = completion(prompt(13), REUSE_LENGTH, seed=10, **TOP1)
     new = weights.new_version("keep-reuse")
 
     async def scenario() -> tuple[dict[str, Any], Reply, Reply]:

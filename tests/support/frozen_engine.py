@@ -66,14 +66,16 @@ async def step(client: httpx.AsyncClient, steps: int = 1) -> int:
     return int(reply.json()["steps"])
 
 
-async def step_until(client: httpx.AsyncClient, done: Callable[[], Awaitable[bool]], timeout: float = 180.0) -> None:
+async def step_until(client: httpx.AsyncClient, done: Callable[[], Awaitable[bool]], timeout: float = 180.0,
+                     settle_s: float = 1.0) -> None:
     """Run the frozen engine one model step at a time until ``done()``; it is frozen after.
 
     The engine itself counts the steps (``/admin/step``), so however slow this machine, a request
     moves a step or so between checks (a burst timed from outside once ran a 440-token request to
     its end on a loaded CI machine).  After a step that generated tokens the condition has up to a
-    second to show (a stream's chunk can reach its client late on a loaded machine); while the
-    engine has nothing to run (the requests are still on their way to it), it is polled.
+    second (``settle_s``) to show (a stream's chunk can reach its client late on a loaded machine); while the
+    engine has nothing to run (the requests are still on their way to it), it is polled.  A test that only needs
+    the engine not to run far ahead of its clients (a long request, a condition many steps away) settles less.
     """
     deadline = time.monotonic() + timeout
     while True:
@@ -81,7 +83,7 @@ async def step_until(client: httpx.AsyncClient, done: Callable[[], Awaitable[boo
         ran = await step(client)
         if await done():
             return
-        if ran and await counter(client) > generated and await _shows_within(done, 1.0):
+        if ran and await counter(client) > generated and await _shows_within(done, settle_s):
             return
         assert time.monotonic() < deadline, "timed out stepping the engine"
         if not ran:
