@@ -29,6 +29,9 @@ BAD_COMPLETIONS: list[tuple[str, Any, int, str | None]] = [
     ("unknown model", {"model": "no-such-model", "prompt": "hi"}, 404, "model"),
     ("rollout id with spaces", {"prompt": "hi", "rollout_id": "bad id!"}, 400, "rollout_id"),
     ("missing prompt", {"max_tokens": 3}, 400, None),
+    # vLLM's beam score divides by length ** length_penalty: 0.0 for a penalty this large (the schema fuzz's find)
+    ("beam search length penalty out of range",
+     {"prompt": "hi", "max_tokens": 4, "use_beam_search": True, "length_penalty": -2.9e16}, 400, "length_penalty"),
 ]
 
 
@@ -109,6 +112,18 @@ def test_prompts_over_max_prompt_tokens_are_refused_naming_the_limit(tiny_server
     content = "hello " * (limit + 5 - template)  # rendered: just over the limit, inside the context
     chat = _post(tiny_server, "chat/completions", {"messages": [{"role": "user", "content": content}], "max_tokens": 1})
     _refused(chat, "messages", f"limit of {limit} (--max-prompt-tokens)")
+
+
+def test_a_chat_beam_search_length_penalty_out_of_range_is_refused_and_one_in_range_is_served(
+        tiny_server: ServerProcess) -> None:
+    messages = [{"role": "user", "content": "hi"}]
+    for penalty in (-2.9e16, 11):
+        reply = _post(tiny_server, "chat/completions", {"messages": messages, "max_tokens": 4, "use_beam_search": True,
+                                                        "length_penalty": penalty})
+        _refused(reply, "length_penalty")
+    served = _post(tiny_server, "chat/completions", {"messages": messages, "max_tokens": 4, "use_beam_search": True,
+                                                     "n": 2, "length_penalty": -10})
+    assert served.status_code == 200, served.text
 
 
 def test_more_prompts_than_max_prompts_in_one_request_are_refused(tiny_server: ServerProcess) -> None:

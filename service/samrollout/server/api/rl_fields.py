@@ -28,6 +28,14 @@ from samrollout.server.request_state.stream_endings import ChoiceEndings
 from samrollout.server.vllm_compat.vllm_serving import ChatCompletionRequest, CompletionRequest
 
 ID_PATTERN = r"^[A-Za-z0-9._:/@+=-]{1,128}$"
+MAX_LENGTH_PENALTY = 10.0
+"""Beam search's ``length_penalty`` is held to [-10, 10]: vLLM divides by ``length ** length_penalty``, which a
+penalty of a few hundred rounds to 0 (a ZeroDivisionError, a 500); useful values are near 1."""
+
+
+def _length_penalty() -> Any:
+    return Field(1.0, ge=-MAX_LENGTH_PENALTY, le=MAX_LENGTH_PENALTY, allow_inf_nan=False,
+                 description="beam search's length penalty, within [-10, 10] (MAX_LENGTH_PENALTY)")
 
 
 class RolloutCompletionRequest(CompletionRequest):
@@ -36,6 +44,7 @@ class RolloutCompletionRequest(CompletionRequest):
     rollout_id: str | None = Field(None, pattern=ID_PATTERN, description="rollout this request belongs to")
     group_id: str | None = Field(None, pattern=ID_PATTERN, description="requests with one group id are siblings")
     return_token_ids: bool | None = Field(True, description="return prompt and generated token ids in each choice")
+    length_penalty: float = _length_penalty()
     _max_prompt_tokens: int | None = PrivateAttr(None)
 
     def limit_prompt_tokens(self, limit: int | None) -> None:
@@ -53,6 +62,7 @@ class RolloutChatCompletionRequest(ChatCompletionRequest):
     rollout_id: str | None = Field(None, pattern=ID_PATTERN, description="rollout this request belongs to")
     group_id: str | None = Field(None, pattern=ID_PATTERN, description="requests with one group id are siblings")
     return_token_ids: bool | None = Field(True, description="return prompt and generated token ids in each choice")
+    length_penalty: float = _length_penalty()
     _max_prompt_tokens: int | None = PrivateAttr(None)
 
     def limit_prompt_tokens(self, limit: int | None) -> None:
