@@ -28,6 +28,22 @@ namespace samrollout {
 // contexts where the longest has no continuation yet), which needs occurrence counts per state.
 enum class Occurrence : int32_t { kFirst = 0, kRecent = 1, kFrequent = 2 };
 
+// What a draft token's context had seen (Automaton::counted_paths, Automaton::evidence): how many earlier
+// occurrences of the context continued with the token (`count`) out of all that continued (`total`, the
+// support).  total 0: unknown (the draft ran past every occurrence, or the automaton keeps no counts).
+struct TokenEvidence {
+  int32_t count = 0;
+  int32_t total = 0;
+};
+
+// Counted proposals from one matched context (Automaton::counted_paths): the majority path and the second
+// path, which leaves the majority where the counts split most, each with its tokens' evidence.
+struct CountedPaths {
+  int32_t match_length = 0;  // the context length the first token was drafted from (0: nothing)
+  int32_t main_length = 0;
+  int32_t second_length = 0;
+};
+
 // Where a string position lives: member `sid` (0 is the shared prompt) at
 // logical position `pos` of prompt + that member's response.
 struct Position {
@@ -46,8 +62,11 @@ class Automaton {
  public:
   // `min_probability` (kFrequent only): a draft stops where the estimated probability that all of
   // it is accepted (the product of each token's share of its context's continuations) falls below.
-  explicit Automaton(Occurrence occurrence, double min_probability = 0.0)
-      : occurrence_(occurrence), min_probability_(min_probability) {
+  // `counts`: keep occurrence counts (always under kFrequent) for counted_paths and evidence, along at most
+  // kMaxCountedHops suffix links per token (kMaxCountHops under kFrequent).
+  explicit Automaton(Occurrence occurrence, double min_probability = 0.0, bool counts = false)
+      : occurrence_(occurrence), min_probability_(min_probability),
+        count_hops_(occurrence == Occurrence::kFrequent ? kMaxCountHops : (counts ? kMaxCountedHops : 0)) {
     new_state(0, -1, Position{}, Position{});
   }
 
@@ -178,6 +197,54 @@ class Automaton {
     return static_cast<int32_t>(n);
   }
 
+  // Whether this automaton keeps occurrence counts (counted_paths and evidence need them).
+  bool counts() const { return count_hops_ > 0; }
+
+  // Each token's evidence along `draft` from `match`'s state: how often the context continued with it, of how
+  // often it continued at all.  Where the context never continued with the token, shorter contexts are tried
+  // (at most kMaxFallbackHops suffix links); where none did, that token and the rest are unknown (total 0).
+  void evidence(const Match& match, const int32_t* draft, int32_t count, TokenEvidence* out) const {
+    int32_t state = match.state;
+    int32_t d = 0;
+    for (int hop = 0; d < count && state > 0;) {
+      const EdgeScan scan = scan_edges(state, draft[d]);
+      if (scan.too_wide) break;
+      if (scan.wanted_target < 0) {
+        if (++hop > kMaxFallbackHops) break;
+        state = states_[state].link;
+        continue;
+      }
+      out[d++] = TokenEvidence{static_cast<int32_t>(scan.wanted_count), static_cast<int32_t>(scan.total)};
+      state = scan.wanted_target;
+    }
+    for (; d < count; ++d) out[d] = TokenEvidence{};
+  }
+
+  // Counted proposals after `match`, as SuffixDecoding's tree proposes by frequency: the main path takes at each
+  // depth the continuation counted most often after the context (ties go to `prefer`'s token while the path
+  // still follows `prefer`, the recent copy), and stops where the product of its tokens' shares (their
+  // probability estimate) falls below `min_probability`, at `limit`, or at a context too wide to scan.  The
+  // second path leaves the main one at the depth where taking the runner-up there is likeliest (the main
+  // prefix's probability times the runner-up's share) and goes on by majority.  A context that never continued
+  // backs off along its suffix link, at most kMaxFallbackHops times.  Needs counts().
+  CountedPaths counted_paths(const Match& match, int32_t limit, double min_probability, const int32_t* prefer,
+                             int32_t prefer_count, int32_t* main, TokenEvidence* main_evidence, int32_t* second,
+                             TokenEvidence* second_evidence) const {
+    CountedPaths paths;
+    Branch branch;
+    paths.main_length = majority_walk(match.state, match.length, 1.0, 0, limit, min_probability, prefer,
+                                      prefer_count, main, main_evidence, &branch, &paths.match_length);
+    if (branch.target < 0) return paths;
+    std::copy(main, main + branch.depth, second);
+    std::copy(main_evidence, main_evidence + branch.depth, second_evidence);
+    second[branch.depth] = branch.token;
+    second_evidence[branch.depth] = branch.evidence;
+    int32_t unused = 0;
+    paths.second_length = majority_walk(branch.target, branch.length, branch.probability, branch.depth + 1, limit,
+                                        min_probability, nullptr, 0, second, second_evidence, nullptr, &unused);
+    return paths;
+  }
+
   std::size_t memory_bytes() const {
     std::size_t bytes = prompt_.capacity() * sizeof(int32_t) + edges_.memory_bytes() +
                         states_.capacity() * sizeof(State) +
@@ -193,6 +260,10 @@ class Automaton {
   // past it the shortest contexts' counts are undercounted, which only touches drafts that back
   // off that far.
   static constexpr int kMaxCountHops = 256;
+  // The same bound where counts only feed counted proposals and evidence: on a loop the path grows by one
+  // link per period, and counting along all of it cost up to 7x the drafter time; past this many links only
+  // contexts far shorter than the match are undercounted.
+  static constexpr int kMaxCountedHops = 24;
   // A frequent draft stops at a context with more continuations than this (a short, common
   // context: scanning it would cost more than its draft is worth).
   static constexpr int kMaxScanEdges = 64;
@@ -285,6 +356,103 @@ class Automaton {
       if (n == 0) *match_length = length;
       out[n++] = best_token;
       state = best_target;
+      length += 1;
+    }
+    return n;
+  }
+
+  // One state's out-edges: their counted continuations (an edge whose count was cut off by the counting bound
+  // counts once), the two most counted, and the count of `wanted`'s edge.
+  struct EdgeScan {
+    int64_t total = 0;
+    int32_t best_token = -1, best_target = -1;
+    int64_t best_count = 0;
+    int32_t second_token = -1, second_target = -1;
+    int64_t second_count = 0;
+    int32_t wanted_target = -1;
+    int64_t wanted_count = 0;
+    bool too_wide = false;  // more than kMaxScanEdges continuations: not scanned
+  };
+
+  EdgeScan scan_edges(int32_t state, int32_t wanted, int32_t preferred = -1) const {
+    EdgeScan scan;
+    const State& s = states_[state];
+    const auto visit = [&](int32_t token, int32_t target) {
+      const int64_t count = std::max<int64_t>(1, states_[target].count);
+      scan.total += count;
+      if (token == wanted) {
+        scan.wanted_target = target;
+        scan.wanted_count = count;
+      }
+      const bool wins = count > scan.best_count || (count == scan.best_count && token == preferred);
+      if (wins) {
+        scan.second_token = scan.best_token;
+        scan.second_target = scan.best_target;
+        scan.second_count = scan.best_count;
+        scan.best_token = token;
+        scan.best_target = target;
+        scan.best_count = count;
+      } else if (count > scan.second_count) {
+        scan.second_token = token;
+        scan.second_target = target;
+        scan.second_count = count;
+      }
+    };
+    if (s.token0 != EdgeTable::kMissing) visit(s.token0, s.target0);
+    int scanned = 1;
+    for (int32_t e = s.head; e != EdgeTable::kMissing; e = edge_next_[e]) {
+      if (++scanned > kMaxScanEdges) {
+        scan.too_wide = true;
+        return scan;
+      }
+      visit(edge_token_[e], edge_target_[e]);
+    }
+    return scan;
+  }
+
+  // Where a counted second path leaves the main one (target -1: nowhere).
+  struct Branch {
+    int32_t depth = 0;
+    int32_t token = -1;
+    int32_t target = -1;
+    int32_t length = 0;  // the context length after the branch token
+    double probability = 0.0;
+    TokenEvidence evidence;
+  };
+
+  // The majority walk of counted_paths from `state` (context `length`), writing out[from ...] up to `limit`
+  // with `probability` the estimate so far; records the best branch point when `branch` is given.  Returns the
+  // path's end (its length).
+  int32_t majority_walk(int32_t state, int32_t length, double probability, int32_t from, int32_t limit,
+                        double min_probability, const int32_t* prefer, int32_t prefer_count, int32_t* out,
+                        TokenEvidence* evidence, Branch* branch, int32_t* match_length) const {
+    int32_t n = from;
+    bool following = prefer != nullptr;  // the path so far equals prefer's prefix
+    for (int hops = 0; n < limit && state > 0;) {
+      const int32_t preferred = following && n < prefer_count ? prefer[n] : -1;
+      const EdgeScan scan = scan_edges(state, -1, preferred);
+      if (scan.too_wide) break;
+      if (scan.best_target < 0) {  // the context never continued: a shorter one
+        if (++hops > kMaxFallbackHops) break;
+        state = states_[state].link;
+        length = states_[state].len;
+        continue;
+      }
+      const double total = static_cast<double>(scan.total);
+      if (branch != nullptr && scan.second_target >= 0) {
+        const double chance = probability * static_cast<double>(scan.second_count) / total;
+        if (chance >= min_probability && chance > branch->probability) {
+          *branch = Branch{n, scan.second_token, scan.second_target, length + 1, chance,
+                           TokenEvidence{static_cast<int32_t>(scan.second_count), static_cast<int32_t>(scan.total)}};
+        }
+      }
+      probability *= static_cast<double>(scan.best_count) / total;
+      if (probability < min_probability) break;
+      if (n == from) *match_length = length;
+      following = following && scan.best_token == preferred;
+      evidence[n] = TokenEvidence{static_cast<int32_t>(scan.best_count), static_cast<int32_t>(scan.total)};
+      out[n++] = scan.best_token;
+      state = scan.best_target;
       length += 1;
     }
     return n;
@@ -397,8 +565,7 @@ class Automaton {
   // The appended position is one more end position of the new whole-string state and of every
   // suffix of it: add it along the suffix-link path (kFrequent only; bounded, see kMaxCountHops).
   void count_occurrence(int32_t state) {
-    if (occurrence_ != Occurrence::kFrequent) return;
-    for (int hop = 0; state > 0 && hop < kMaxCountHops; ++hop) {
+    for (int hop = 0; state > 0 && hop < count_hops_; ++hop) {
       states_[state].count += 1;
       state = states_[state].link;
     }
@@ -416,6 +583,7 @@ class Automaton {
 
   Occurrence occurrence_;
   double min_probability_;
+  int count_hops_;
   std::vector<int32_t> prompt_;
   int32_t prompt_end_ = 0;
   Match prompt_match_;

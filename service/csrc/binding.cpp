@@ -193,6 +193,9 @@ NB_MODULE(_sam_core, m) {
       .value("own", samrollout::Source::kOwn)
       .value("group", samrollout::Source::kGroup)
       .value("both", samrollout::Source::kBoth);
+  nb::enum_<samrollout::Proposals>(m, "Proposals", "What the adaptive policy's candidates are.")
+      .value("copies", samrollout::Proposals::kCopies)
+      .value("counted", samrollout::Proposals::kCounted);
   nb::enum_<samrollout::DraftSource>(m, "DraftSource", "Where one draft came from.")
       .value("own", samrollout::DraftSource::kOwn)
       .value("group", samrollout::DraftSource::kGroup)
@@ -212,6 +215,7 @@ NB_MODULE(_sam_core, m) {
       .def_rw("max_group_tokens", &DraftPolicy::max_group_tokens)
       .def_rw("max_global_tokens", &DraftPolicy::max_global_tokens)
       .def_rw("global_margin", &DraftPolicy::global_margin)
+      .def_rw("proposals", &DraftPolicy::proposals)
       .def("validate", &DraftPolicy::validate, "Raise ValueError naming the first field out of its range.");
 
   nb::class_<Draft>(m, "Draft", "One request's draft: its tokens, the match behind them and their source.")

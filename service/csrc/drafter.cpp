@@ -100,7 +100,8 @@ bool Drafter::add_request(int64_t request, const int32_t* prompt, std::size_t co
     auto [it, created] = groups_.try_emplace(group);
     Group& g = it->second;
     if (created) {
-      g.automaton = std::make_unique<Automaton>(policy_.occurrence, policy_.min_probability);
+      g.automaton = std::make_unique<Automaton>(policy_.occurrence, policy_.min_probability,
+                                                policy_.proposals == Proposals::kCounted);
       g.tokens = length;
       if (length > policy_.max_group_tokens) {
         g.overflow = true;
@@ -127,7 +128,9 @@ bool Drafter::add_request(int64_t request, const int32_t* prompt, std::size_t co
     }
   }
   if (r.group < 0 || policy_.source != Source::kGroup) {
-    r.own = std::make_unique<Automaton>(policy_.occurrence, policy_.min_probability);
+    // The counted proposals count in the group's automaton, which holds the request's text too.
+    r.own = std::make_unique<Automaton>(policy_.occurrence, policy_.min_probability,
+                                        policy_.proposals == Proposals::kCounted && r.group < 0);
     if (length > policy_.max_request_tokens) {
       r.own_overflow = true;
       r.own.reset();
@@ -325,6 +328,108 @@ void Drafter::step_candidates(const int64_t* requests, std::size_t rows, const i
   }
 }
 
+const Automaton* Drafter::counter_locked(const Request& r, int32_t* sid, int32_t* source) const {
+  if (r.group >= 0) {
+    const Group& g = groups_.at(r.group);
+    if (!g.overflow && g.automaton->counts()) {
+      *sid = r.group_sid;
+      *source = static_cast<int32_t>(DraftSource::kGroup);
+      return g.automaton.get();
+    }
+  }
+  if (r.own && !r.own_overflow && r.own->counts()) {
+    *sid = 1;
+    *source = static_cast<int32_t>(DraftSource::kOwn);
+    return r.own.get();
+  }
+  return nullptr;
+}
+
+void Drafter::counted_locked(Request& r, int32_t k, Proposal* slots) const {
+  const auto width = static_cast<std::size_t>(k);
+  const auto row = [&](int32_t kind) { return r.candidates.data() + static_cast<std::size_t>(kind) * width; };
+  const auto marks = [&](int32_t kind) { return r.evidence.data() + static_cast<std::size_t>(kind) * width; };
+  for (int32_t kind = kSources; kind < kCandidateKinds; ++kind) slots[kind] = Proposal{};
+  int32_t sid = 0;
+  const Automaton* counter = counter_locked(r, &sid, &r.counted_source);
+  TokenEvidence evidence[kMaxDraftTokens];
+  if (counter == nullptr) {  // no counts: the certain prefix is the evidence
+    for (int32_t kind = 0; kind < kCandidateKinds; ++kind) {
+      uint8_t* out = marks(kind);
+      for (int32_t d = 0; d < k; ++d) out[d] = d < slots[kind].certain ? kCertainEvidence : kUnknownEvidence;
+    }
+    return;
+  }
+  const Match& match = counter->match(sid);
+  for (int32_t kind = 0; kind < kSources; ++kind) {  // the copies' tokens, as the counts saw them
+    uint8_t* out = marks(kind);
+    const int32_t length = slots[kind].length;
+    if (kind != static_cast<int32_t>(DraftSource::kGlobal)) counter->evidence(match, row(kind), length, evidence);
+    for (int32_t d = 0; d < k; ++d) {
+      out[d] = d < length && kind != static_cast<int32_t>(DraftSource::kGlobal)
+                   ? evidence_class(evidence[d].count, evidence[d].total) : kUnknownEvidence;
+    }
+  }
+  if (policy_.proposals != Proposals::kCounted || match.state == 0) return;
+  const int32_t prefer_kind = r.counted_source;  // the same automaton's recent copy breaks ties
+  TokenEvidence second_evidence[kMaxDraftTokens];
+  const CountedPaths paths = counter->counted_paths(match, k, policy_.min_probability, row(prefer_kind),
+                                                    slots[prefer_kind].length, row(kCountedKind), evidence,
+                                                    row(kSecondKind), second_evidence);
+  const int32_t allowed = draft_length(paths.match_length, k);
+  const std::pair<int32_t, const TokenEvidence*> made[] = {{paths.main_length, evidence},
+                                                           {paths.second_length, second_evidence}};
+  for (int32_t j = 0; j < 2; ++j) {
+    const int32_t kind = kCountedKind + j;
+    Proposal& slot = slots[kind];
+    slot.found = made[j].first;
+    slot.length = std::max(0, std::min(made[j].first, allowed));
+    slot.match_length = slot.length > 0 ? paths.match_length : 0;
+    slot.source = slot.length > 0 ? r.counted_source : kNoDraftSource;
+    slot.certain = slot.length > 0 ? counter->certain(sid, row(kind), slot.length) : 0;
+    uint8_t* out = marks(kind);
+    for (int32_t d = 0; d < k; ++d) {
+      out[d] = d < slot.length ? evidence_class(made[j].second[d].count, made[j].second[d].total) : kUnknownEvidence;
+    }
+  }
+}
+
+void Drafter::choose_locked(std::size_t rows, int32_t k, const uint8_t* greedy, const int32_t* limits,
+                            const double* weights, int32_t* kinds) {
+  const auto width = static_cast<std::size_t>(k);
+  values_.assign(rows * width, 0.0);
+  std::vector<double> reach(width);
+  for (std::size_t i = 0; i < rows; ++i) {  // each row's candidates, and the one expected to go furthest
+    Request& r = *batch_[i];
+    r.candidates.resize(static_cast<std::size_t>(kCandidateKinds) * width);
+    r.evidence.resize(r.candidates.size());
+    Proposal slots[kCandidateKinds];
+    candidates_locked(r, k, slots, r.candidates.data());
+    counted_locked(r, k, slots);
+    r.scored = limits[i] > 0;
+    int32_t chosen = kNoDraftSource;
+    double best = 0.0;
+    for (int32_t s = 0; s < kCandidateKinds; ++s) {
+      r.candidate_lengths[s] = slots[s].length;
+      r.candidate_matches[s] = slots[s].match_length;
+      r.candidate_certain[s] = slots[s].certain;
+      const int32_t usable = std::min(slots[s].length, limits[i]);
+      if (usable <= 0) continue;
+      const uint8_t* marks = r.evidence.data() + static_cast<std::size_t>(s) * width;
+      const double expected = acceptance_->reach(greedy[i] != 0, s, slots[s].match_length, marks,
+                                                 usable, reach.data());
+      if (expected > best) {
+        best = expected;
+        chosen = s;
+        for (int32_t d = 0; d < usable; ++d) values_[i * width + static_cast<std::size_t>(d)] = weights[i] * reach[d];
+        std::fill(values_.begin() + static_cast<std::ptrdiff_t>(i * width + static_cast<std::size_t>(usable)),
+                  values_.begin() + static_cast<std::ptrdiff_t>((i + 1) * width), 0.0);
+      }
+    }
+    kinds[i] = chosen;
+  }
+}
+
 void Drafter::step_goodput(const int64_t* requests, std::size_t rows, const int32_t* tokens, const int64_t* offsets,
                            int32_t k, const uint8_t* greedy, const int32_t* limits, const double* weights,
                            const double* seconds, std::size_t points, int32_t* drafts, int32_t* lengths,
@@ -336,61 +441,36 @@ void Drafter::step_goodput(const int64_t* requests, std::size_t rows, const int3
   if (!acceptance_ || acceptance_->depth() != k) acceptance_ = std::make_unique<AcceptanceModel>(k);
   AcceptanceModel& acceptance = *acceptance_;
   const auto width = static_cast<std::size_t>(k);
+  const std::size_t stored = static_cast<std::size_t>(kCandidateKinds) * width;
   acceptance.age(rows);
   for (std::size_t i = 0; i < rows; ++i) {  // score each row's last candidates against what it just got
     Request& r = *batch_[i];
     const int64_t got = offsets[i + 1] - offsets[i];
-    if (!r.scored || got == 0 || r.candidates.size() != static_cast<std::size_t>(kSources) * width) continue;
+    if (!r.scored || got == 0 || r.candidates.size() != stored || r.evidence.size() != stored) continue;
     const int32_t* produced = tokens + offsets[i];
-    for (int32_t s = 0; s < kSources; ++s) {
+    for (int32_t s = 0; s < kCandidateKinds; ++s) {
       const int32_t length = r.candidate_lengths[s];
       if (length == 0) continue;
       const int32_t visible = static_cast<int32_t>(std::min<int64_t>(length, got));
       const int32_t* candidate = r.candidates.data() + static_cast<std::size_t>(s) * width;
       int32_t agreed = 0;
       while (agreed < visible && candidate[agreed] == produced[agreed]) ++agreed;
-      acceptance.observe(greedy[i] != 0, s, r.candidate_matches[s], r.candidate_certain[s], agreed,
+      acceptance.observe(greedy[i] != 0, s, r.candidate_matches[s],
+                         r.evidence.data() + static_cast<std::size_t>(s) * width, agreed,
                          agreed < visible ? agreed + 1 : agreed);
     }
   }
-  values_.assign(rows * width, 0.0);
-  std::vector<double> reach(width);
-  for (std::size_t i = 0; i < rows; ++i) {  // each row's candidates, and the one expected to go furthest
-    Request& r = *batch_[i];
-    r.candidates.resize(static_cast<std::size_t>(kSources) * width);
-    Proposal slots[kSources];
-    candidates_locked(r, k, slots, r.candidates.data());
-    r.scored = limits[i] > 0;
-    int32_t chosen = kNoDraftSource;
-    double best = 0.0;
-    for (int32_t s = 0; s < kSources; ++s) {
-      r.candidate_lengths[s] = slots[s].length;
-      r.candidate_matches[s] = slots[s].match_length;
-      r.candidate_certain[s] = slots[s].certain;
-      const int32_t usable = std::min(slots[s].length, limits[i]);
-      if (usable <= 0) continue;
-      const double expected = acceptance.reach(greedy[i] != 0, s, slots[s].match_length, slots[s].certain, usable,
-                                               reach.data());
-      if (expected > best) {
-        best = expected;
-        chosen = s;
-        for (int32_t d = 0; d < usable; ++d) values_[i * width + static_cast<std::size_t>(d)] = weights[i] * reach[d];
-        std::fill(values_.begin() + static_cast<std::ptrdiff_t>(i * width + static_cast<std::size_t>(usable)),
-                  values_.begin() + static_cast<std::ptrdiff_t>((i + 1) * width), 0.0);
-      }
-    }
-    sources[i] = chosen;
-  }
+  choose_locked(rows, k, greedy, limits, weights, sources);
   allocate(values_.data(), rows, k, weights, seconds, points, lengths);
   for (std::size_t i = 0; i < rows; ++i) {
     const Request& r = *batch_[i];
     int32_t* row = drafts + i * width;
-    const int32_t s = lengths[i] > 0 ? sources[i] : kNoDraftSource;
-    sources[i] = s;
-    match_lengths[i] = s == kNoDraftSource ? 0 : r.candidate_matches[s];
-    certain[i] = s == kNoDraftSource ? 0 : r.candidate_certain[s];
-    if (s != kNoDraftSource) {
-      const int32_t* from = r.candidates.data() + static_cast<std::size_t>(s) * width;
+    const int32_t kind = lengths[i] > 0 ? sources[i] : kNoDraftSource;
+    sources[i] = kind < kSources ? kind : r.counted_source;  // a counted path reports its automaton
+    match_lengths[i] = kind == kNoDraftSource ? 0 : r.candidate_matches[kind];
+    certain[i] = kind == kNoDraftSource ? 0 : r.candidate_certain[kind];
+    if (kind != kNoDraftSource) {
+      const int32_t* from = r.candidates.data() + static_cast<std::size_t>(kind) * width;
       std::copy(from, from + lengths[i], row);
     }
     std::fill(row + lengths[i], row + k, -1);

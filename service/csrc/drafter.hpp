@@ -28,6 +28,12 @@ enum class Source : int32_t { kOwn = 0, kGroup = 1, kBoth = 2 };
 // Where one draft came from: the request's own automaton, its group's, or the global index.
 enum class DraftSource : int32_t { kOwn = 0, kGroup = 1, kGlobal = 2 };
 
+// What the adaptive policy's candidates are: each source's copy of the recent occurrence, or also the counted
+// paths (Automaton::counted_paths: the majority continuation and a second path where the counts split) with
+// every token's count share and support as the acceptance model's evidence.  Only step_goodput proposes
+// counted paths; kCounted makes the automata keep occurrence counts.
+enum class Proposals : int32_t { kCopies = 0, kCounted = 1 };
+
 // Where step() writes the source of a row that drafted nothing.
 constexpr int32_t kNoDraftSource = -1;
 
@@ -50,6 +56,7 @@ struct DraftPolicy {
   int64_t max_group_tokens = int64_t{1} << 24;    // group automaton bound
   int64_t max_global_tokens = 0;  // global index of finished responses (all prompts); 0: off
   int32_t global_margin = 4;      // its match must be longer than the chosen one's by more than this
+  Proposals proposals = Proposals::kCopies;  // the adaptive policy's candidates
 
   // Throws std::invalid_argument naming the first field out of its range.
   void validate() const {
@@ -73,6 +80,9 @@ struct DraftPolicy {
     check_int("max_group_tokens", max_group_tokens, 1, kMaxTokens);
     check_int("max_global_tokens", max_global_tokens, 0, kMaxTokens);
     check_int("global_margin", global_margin, 0, kMaxTokens);
+    if (proposals != Proposals::kCopies && proposals != Proposals::kCounted) {
+      throw std::invalid_argument("proposals must be copies or counted");
+    }
   }
 
  private:
@@ -214,11 +224,14 @@ class Drafter {
     int32_t group_sid = 0;
     int64_t num_tokens = 0;
     uint64_t last_step = 0;  // stamp of the last batch step that named it
-    // The adaptive policy: every source's candidate at the request's last step, scored at its next one.
-    std::vector<int32_t> candidates;  // kSources x the step's k
-    int32_t candidate_lengths[kSources] = {0, 0, 0};
-    int32_t candidate_matches[kSources] = {0, 0, 0};
-    int32_t candidate_certain[kSources] = {0, 0, 0};
+    // The adaptive policy: every candidate kind's draft at the request's last step (goodput.hpp's kinds: the
+    // sources' copies, the counted paths), its tokens' evidence classes, scored at its next step.
+    std::vector<int32_t> candidates;  // kCandidateKinds x the step's k
+    std::vector<uint8_t> evidence;    // the same shape
+    int32_t candidate_lengths[kCandidateKinds] = {};
+    int32_t candidate_matches[kCandidateKinds] = {};
+    int32_t candidate_certain[kCandidateKinds] = {};
+    int32_t counted_source = kNoDraftSource;  // the automaton the counted paths came from (a DraftSource)
     bool scored = false;  // whether its candidates are scored at the next step
   };
   // What propose_locked wrote: how many tokens, the match behind them and their source.
@@ -238,6 +251,14 @@ class Drafter {
   Proposal propose_locked(const Request& r, int32_t k, int32_t* out) const;
   // Every source's draft for the request: slots[s] and out[s * k ...] for DraftSource s (length 0: none).
   void candidates_locked(const Request& r, int32_t k, Proposal* slots, int32_t* out) const;
+  // The counted kinds' candidates (Automaton::counted_paths) and every kind's evidence classes, into r's
+  // candidate arrays after candidates_locked filled the copies' (slots[0 .. kSources)).
+  void counted_locked(Request& r, int32_t k, Proposal* slots) const;
+  // The row's automaton that keeps counts (its group's, else its own) and its string id there; null if none.
+  const Automaton* counter_locked(const Request& r, int32_t* sid, int32_t* source) const;
+  // step_goodput's choice: each row's candidate kind expected to be accepted longest, and its values.
+  void choose_locked(std::size_t rows, int32_t k, const uint8_t* greedy, const int32_t* limits,
+                     const double* weights, int32_t* kinds);
   // Validates a step's rows and appends their tokens (step, step_candidates); batch_ holds the rows.
   void append_batch_locked(const int64_t* requests, std::size_t rows, const int32_t* tokens,
                            const int64_t* offsets);

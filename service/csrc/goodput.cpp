@@ -22,17 +22,19 @@ double prior_acceptance(int32_t bucket) {
 
 AcceptanceModel::AcceptanceModel(int32_t depth)
     : depth_(depth),
-      seen_(static_cast<std::size_t>(2 * kSources * kMatchBuckets * 2 * depth), 0.0),
+      seen_(static_cast<std::size_t>(2 * kKinds * kMatchBuckets * kEvidenceClasses * depth), 0.0),
       accepted_(seen_.size(), 0.0),
-      pool_seen_(static_cast<std::size_t>(2 * kMatchBuckets * 2), 0.0),
+      pool_seen_(static_cast<std::size_t>(2 * kMatchBuckets * kEvidenceClasses), 0.0),
       pool_accepted_(pool_seen_.size(), 0.0) {}
 
-std::size_t AcceptanceModel::detail(int32_t sampling, int32_t source, int32_t bucket, int32_t sure, int32_t d) const {
-  return static_cast<std::size_t>((((sampling * kSources + source) * kMatchBuckets + bucket) * 2 + sure) * depth_ + d);
+std::size_t AcceptanceModel::detail(int32_t sampling, int32_t kind, int32_t bucket, int32_t evidence,
+                                    int32_t d) const {
+  return static_cast<std::size_t>(
+      (((sampling * kKinds + kind) * kMatchBuckets + bucket) * kEvidenceClasses + evidence) * depth_ + d);
 }
 
-std::size_t AcceptanceModel::pooled(int32_t sampling, int32_t bucket, int32_t sure) const {
-  return static_cast<std::size_t>((sampling * kMatchBuckets + bucket) * 2 + sure);
+std::size_t AcceptanceModel::pooled(int32_t sampling, int32_t bucket, int32_t evidence) const {
+  return static_cast<std::size_t>((sampling * kMatchBuckets + bucket) * kEvidenceClasses + evidence);
 }
 
 void AcceptanceModel::age(std::size_t rows) {
@@ -47,15 +49,15 @@ void AcceptanceModel::rescale() {
   scale_ = 1.0;
 }
 
-void AcceptanceModel::observe(bool greedy, int32_t source, int32_t match, int32_t certain, int32_t agreed,
+void AcceptanceModel::observe(bool greedy, int32_t kind, int32_t match, const uint8_t* evidence, int32_t agreed,
                               int32_t observed) {
   const int32_t sampling = greedy ? 0 : 1;
   const int32_t bucket = match_bucket(match);
   const double one = 1.0 / scale_;
   for (int32_t d = 0; d < std::min(observed, depth_); ++d) {
-    const int32_t sure = d < certain ? 1 : 0;
+    const int32_t sure = evidence[d];
     const double hit = d < agreed ? one : 0.0;
-    const std::size_t cell = detail(sampling, source, bucket, sure, d);
+    const std::size_t cell = detail(sampling, kind, bucket, sure, d);
     seen_[cell] += one;
     accepted_[cell] += hit;
     const std::size_t pool = pooled(sampling, match_bucket(static_cast<int64_t>(match) + d), sure);
@@ -64,19 +66,19 @@ void AcceptanceModel::observe(bool greedy, int32_t source, int32_t match, int32_
   }
 }
 
-double AcceptanceModel::reach(bool greedy, int32_t source, int32_t match, int32_t certain, int32_t limit,
+double AcceptanceModel::reach(bool greedy, int32_t kind, int32_t match, const uint8_t* evidence, int32_t limit,
                               double* out) const {
   const int32_t sampling = greedy ? 0 : 1;
   const int32_t bucket = match_bucket(match);
   double chance = 1.0;
   double total = 0.0;
   for (int32_t d = 0; d < std::min(limit, depth_); ++d) {
-    const int32_t sure = d < certain ? 1 : 0;
+    const int32_t sure = evidence[d];
     const int32_t continued = match_bucket(static_cast<int64_t>(match) + d);
     const std::size_t pool = pooled(sampling, continued, sure);
     const double pool_rate = (pool_accepted_[pool] * scale_ + kPriorWeight * prior_acceptance(continued)) /
                              (pool_seen_[pool] * scale_ + kPriorWeight);
-    const std::size_t cell = detail(sampling, source, bucket, sure, d);
+    const std::size_t cell = detail(sampling, kind, bucket, sure, d);
     const double rate = (accepted_[cell] * scale_ + kDetailWeight * pool_rate) / (seen_[cell] * scale_ + kDetailWeight);
     chance *= rate;
     out[d] = chance;
@@ -91,7 +93,7 @@ void AcceptanceModel::first_tokens(double* seen, double* accepted) const {
       double n = 0.0;
       double a = 0.0;
       for (int32_t sampling = 0; sampling < 2; ++sampling) {
-        for (int32_t sure = 0; sure < 2; ++sure) {
+        for (int32_t sure = 0; sure < kEvidenceClasses; ++sure) {
           n += seen_[detail(sampling, source, bucket, sure, 0)];
           a += accepted_[detail(sampling, source, bucket, sure, 0)];
         }

@@ -11,12 +11,13 @@
 // from the residual, which never gives x).
 //
 // The statistics are conditional acceptance rates c(d) = P(token d accepted | tokens 1..d-1 accepted),
-// counted per cell of (sampling: greedy or not, source, match-length bucket, whether d lies in the
-// candidate's certain prefix, depth).  A depth is observed only when the tokens before it were accepted and
+// counted per cell of (sampling: greedy or not, candidate kind: each source's copy, the counted path or the
+// second path, match-length bucket, token d's evidence class: its count share and support, or where no
+// counts are kept whether d lies in the candidate's certain prefix, depth).  A depth is observed only when the tokens before it were accepted and
 // the step revealed it, a censoring that does not depend on the outcome there, so accepted / observed is
 // unbiased.  Deep cells see few observations, so each is shrunk toward a pooled cell (sampling, bucket of
 // the match the token continues: a draft's d-th token continues a match of m + d - 1 tokens once the
-// first d - 1 are accepted, certain prefix), which is shrunk toward a prior that rises with the match.
+// first d - 1 are accepted, evidence class), which is shrunk toward a prior that rises with the match.
 // Counts decay with every step (lazily, by a growing scale), so the statistics follow text that changes
 // as the policy trains.
 //
@@ -35,15 +36,38 @@ namespace samrollout {
 
 constexpr int32_t kMatchBuckets = 24;  // 0 (no match), then half octaves 1, 2, 3, 4-5, 6-7, 8-11, ...
 
+// A draft token's evidence class, a cell dimension of the acceptance model: 0 nothing known, 1 in the certain
+// prefix (every earlier occurrence continued so; used where the automaton keeps no counts), then from counts
+// (Automaton::evidence): 2 + 3 * share bin + support bin, the share of the context's continuations that took
+// the token (all, at least half, less) and their number (1, 2-3, 4+).
+constexpr int32_t kEvidenceClasses = 11;
+constexpr uint8_t kUnknownEvidence = 0;
+constexpr uint8_t kCertainEvidence = 1;
+
+// The evidence class of a token `count` of `total` continuations took (total 0: unknown).
+inline uint8_t evidence_class(int64_t count, int64_t total) {
+  if (total <= 0 || count <= 0) return kUnknownEvidence;
+  const int share = count >= total ? 0 : (2 * count >= total ? 1 : 2);
+  const int support = total <= 1 ? 0 : (total <= 3 ? 1 : 2);
+  return static_cast<uint8_t>(2 + 3 * share + support);
+}
+
 // The half-octave bucket of a match length (0 for none); every match of about 2,900 tokens or more is in the last.
 int32_t match_bucket(int64_t match_length);
 
 // The prior conditional acceptance of a token continuing a match in `bucket` (0 for bucket 0).
 double prior_acceptance(int32_t bucket);
 
+// The kinds of candidate the adaptive policy scores apart: the recent-occurrence copies of the three sources
+// (DraftSource's values), then the counted main path and the counted second path (Automaton::counted_paths).
+constexpr int32_t kCandidateKinds = 5;
+constexpr int32_t kCountedKind = 3;
+constexpr int32_t kSecondKind = 4;
+
 class AcceptanceModel {
  public:
-  static constexpr int32_t kSources = 3;
+  static constexpr int32_t kSources = 3;  // the sources acceptance_table reports (the copies' kinds)
+  static constexpr int32_t kKinds = kCandidateKinds;
   static constexpr double kDecay = 0.999;         // per step of 64 rows: about a thousand steps of memory
   static constexpr double kDetailWeight = 8.0;    // observations a detailed cell needs to count as its pool
   static constexpr double kPriorWeight = 2.0;     // pseudo-observations of the prior in a pooled cell
@@ -53,16 +77,16 @@ class AcceptanceModel {
 
   // Counts age by one step of `rows` scored rows.
   void age(std::size_t rows);
-  // One scored candidate (see the file comment).
-  void observe(bool greedy, int32_t source, int32_t match, int32_t certain, int32_t agreed, int32_t observed);
+  // One scored candidate of `kind` (see the file comment); evidence[d]: its token d's evidence class.
+  void observe(bool greedy, int32_t kind, int32_t match, const uint8_t* evidence, int32_t agreed, int32_t observed);
   // reach[d] = P(the first d + 1 tokens accepted) for d < limit (limit <= depth); returns their sum.
-  double reach(bool greedy, int32_t source, int32_t match, int32_t certain, int32_t limit, double* out) const;
+  double reach(bool greedy, int32_t kind, int32_t match, const uint8_t* evidence, int32_t limit, double* out) const;
   // First-token observations and acceptances per (source, bucket), summed over sampling and certainty.
   void first_tokens(double* seen, double* accepted) const;
 
  private:
-  std::size_t detail(int32_t sampling, int32_t source, int32_t bucket, int32_t sure, int32_t d) const;
-  std::size_t pooled(int32_t sampling, int32_t bucket, int32_t sure) const;
+  std::size_t detail(int32_t sampling, int32_t kind, int32_t bucket, int32_t evidence, int32_t d) const;
+  std::size_t pooled(int32_t sampling, int32_t bucket, int32_t evidence) const;
   void rescale();
 
   int32_t depth_;

@@ -22,6 +22,7 @@ from samrollout.tokens import Int32Array, as_token_array
 
 Occurrence = Literal["first", "recent", "frequent"]
 Source = Literal["own", "group", "both"]
+Proposals = Literal["copies", "counted"]
 DraftSourceName = Literal["own", "group", "global"]
 DRAFT_SOURCES: tuple[DraftSourceName, ...] = get_args(DraftSourceName)
 # The native core's DraftSource values by name (service/csrc/drafter.hpp); a step reports -1 for no draft.
@@ -30,7 +31,7 @@ _SOURCE_NAMES: dict[int, DraftSourceName] = {int(member.value): cast(DraftSource
 # Every enum the policy names by value must be the native core's, member for member: a mismatch is a
 # rebuilt core out of step with this module, said at import rather than as a KeyError mid-rollout.
 for _native_enum, _names in ((core.DraftSource, DRAFT_SOURCES), (core.Occurrence, get_args(Occurrence)),
-                             (core.Source, get_args(Source))):
+                             (core.Source, get_args(Source)), (core.Proposals, get_args(Proposals))):
     _native_names = sorted(member.name for member in _native_enum)
     if _native_names != sorted(_names):
         raise ImportError(f"the native core's {_native_enum.__name__} values {_native_names} are not {sorted(_names)}:"
@@ -82,6 +83,11 @@ class DraftPolicy:
     global_margin: int = field(default=4, metadata={"description": (
         "a global draft wins when its match is longer than the own or group match by more than this (other "
         "prompts' text is weaker evidence than the request's own and its group's)")})
+    proposals: Proposals = field(default="copies", metadata={"description": (
+        'the adaptive policy\'s candidates: "copies" (each source\'s text after the recent occurrence of the '
+        'match) or "counted" (also the continuation counted most often after the match, pruned where its '
+        "probability estimate falls below min_probability, and a second path where the counts split; each "
+        "token's count share and support are the acceptance model's evidence; the automata keep counts)")})
 
     def __post_init__(self) -> None:
         for name, hint in policy_field_types().items():

@@ -8,7 +8,7 @@ import numpy as np
 
 from samrollout._core import MAX_DRAFT_TOKENS
 from samrollout.config import SpeculationConfig
-from samrollout.drafter import DraftPolicy
+from samrollout.drafter import DraftPolicy, SamDrafter
 from samrollout.spec_decode.schedule import dense_from_range
 from samrollout.spec_decode.session import DraftSession, SessionSettings, StepRow
 
@@ -186,3 +186,39 @@ class SamRefDrafter:
     def remove(self, seq_id: int) -> None:
         """Drop the request's automaton."""
         del self.automata[seq_id]
+
+
+class SamGoodputReplayDrafter:
+    """Ours under replay as the adaptive policy chooses (`SamDrafter.step_goodput`), at equal k: every row's
+    candidates (own, group and global copies; with ``proposals="counted"`` also the counted paths) are scored
+    online against the tokens the row got, and each row drafts its candidate expected to be accepted longest.
+    The step cost is flat (the replay has no step times), so every row drafts all of its chosen candidate up to
+    k: what this measures is the choice between candidates, not the lengths a cost would cut."""
+
+    def __init__(self, name: str, vocab_size: int, policy: DraftPolicy | None = None) -> None:
+        self.name = name
+        self.policy = (policy or DraftPolicy()).for_hardware(on_cpu=False)
+        self.drafter = SamDrafter(vocab_size, self.policy)
+
+    def add(self, seq_id: int, group_id: int, prompt: np.ndarray) -> None:
+        """Start a sequence in its prompt's group (indexed at once: the engine indexes it at its first step)."""
+        self.drafter.add_request(seq_id, prompt, group=f"group-{group_id}")
+
+    def step(self, seq_ids: Sequence[int], new_tokens: Sequence[list[int]], contexts: Sequence[np.ndarray],
+             k: int) -> list[list[int]]:
+        """One adaptive step at a flat cost: append, score the last candidates, draft each row's best."""
+        rows = len(seq_ids)
+        if not rows:
+            return []
+        chosen = self.drafter.step_goodput(seq_ids, new_tokens, k, np.ones(rows, dtype=np.uint8),
+                                           np.full(rows, k, dtype=np.int32), np.ones(rows),
+                                           np.ones(rows * k + 1))
+        return [chosen.drafts[i, :chosen.lengths[i]].tolist() for i in range(rows)]
+
+    def remove(self, seq_id: int) -> None:
+        """Free the sequence (and its group with its last member)."""
+        self.drafter.remove_request(seq_id)
+
+    def memory_bytes(self) -> int:
+        """Bytes held by the automata now."""
+        return self.drafter.memory_bytes()

@@ -25,12 +25,15 @@ from dataclasses import replace
 
 from samrollout.config import SpeculationConfig
 from samrollout.drafter import DraftPolicy
-from samrollout.replay.drafters import SamRefDrafter, SamReplayDrafter
+from samrollout.replay.drafters import SamGoodputReplayDrafter, SamRefDrafter, SamReplayDrafter
 from samrollout.replay.protocol import ReplayDrafter
 
 DEFAULT_DRAFTERS = ("sam", "sam-group", "sam-ref", "ngram", "suffix", "suffix-cache")
 # Ours: these follow the engine's static threshold (the published design, sam-ref, included).
 OURS = ("sam", "sam-group", "sam-history", "sam-global", "sam-ref")
+# Ours as the adaptive policy chooses, at a flat step cost (every round; the replay has no step times):
+# the policy as the flags give it, and with the counted proposals.
+ADAPTIVE = ("sam-adaptive", "sam-counted")
 ORACLE = "oracle"
 # The oracle's own sources: the request's own automaton and its group's (the two a sam-group row picks from).
 OWN_SOURCES = ("own", "group")
@@ -78,6 +81,10 @@ def make_drafter(name: str, vocab_size: int, policy: DraftPolicy | None = None,
                                 confident_match=confident_match)
     if name == "sam-ref":
         return SamRefDrafter()
+    if name == "sam-adaptive":
+        return SamGoodputReplayDrafter(name, vocab_size, policy)
+    if name == "sam-counted":
+        return SamGoodputReplayDrafter(name, vocab_size, replace(policy or DraftPolicy(), proposals="counted"))
     if name == "ngram":
         from samrollout.replay.peers import NgramDrafter
 
@@ -89,7 +96,7 @@ def make_drafter(name: str, vocab_size: int, policy: DraftPolicy | None = None,
         if reason is not None:
             raise RuntimeError(f"{name}: {reason}")
         return SuffixDrafter(global_cache=name == "suffix-cache")
-    raise ValueError(f"unknown drafter {name!r}; known: {', '.join([*DEFAULT_DRAFTERS, 'sam-history', 'sam-global'])}")
+    raise ValueError(f"unknown drafter {name!r}; known: {', '.join([*DEFAULT_DRAFTERS, 'sam-history', 'sam-global', *ADAPTIVE])}")
 
 
 def make_source(name: str, vocab_size: int, policy: DraftPolicy | None = None) -> ReplayDrafter:
