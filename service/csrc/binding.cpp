@@ -224,6 +224,15 @@ NB_MODULE(_sam_core, m) {
       .def_ro("source", &Draft::source)
       .def_ro("certain", &Draft::certain);
 
+  nb::class_<samrollout::CountedDraft>(m, "CountedDraft", "One request's counted paths and their evidence.")
+      .def_ro("main", &samrollout::CountedDraft::main)
+      .def_ro("second", &samrollout::CountedDraft::second)
+      .def_ro("match_length", &samrollout::CountedDraft::match_length)
+      .def_ro("main_counts", &samrollout::CountedDraft::main_counts)
+      .def_ro("main_totals", &samrollout::CountedDraft::main_totals)
+      .def_ro("second_counts", &samrollout::CountedDraft::second_counts)
+      .def_ro("second_totals", &samrollout::CountedDraft::second_totals);
+
   nb::class_<Drafter>(m, "Core")
       .def(nb::init<const DraftPolicy&>(), "policy"_a)
       .def(
@@ -241,6 +250,8 @@ NB_MODULE(_sam_core, m) {
           },
           "request"_a, "tokens"_a.noconvert())
       .def("propose", &Drafter::propose, "request"_a, "k"_a, nb::call_guard<nb::gil_scoped_release>())
+      .def("counted", &Drafter::counted, "request"_a, "k"_a, nb::call_guard<nb::gil_scoped_release>(),
+           "The request's counted paths (main and second) of up to k tokens, with each token's counts.")
       .def(
           "step",
           [](Drafter& d, IdArray requests, TokenArray tokens, IdArray offsets, int32_t k, DraftOut drafts,

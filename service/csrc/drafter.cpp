@@ -269,6 +269,42 @@ Draft Drafter::propose(int64_t request, int32_t k) {
   return draft;
 }
 
+CountedDraft Drafter::counted(int64_t request, int32_t k) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  check_k(k);
+  const Request& live = find(request);
+  const auto width = static_cast<std::size_t>(k);
+  std::vector<int32_t> candidates(static_cast<std::size_t>(kCandidateKinds) * width, -1);
+  Proposal slots[kCandidateKinds];
+  candidates_locked(live, k, slots, candidates.data());
+  CountedDraft out;
+  int32_t sid = 0;
+  int32_t source = kNoDraftSource;
+  const Automaton* counter = counter_locked(live, &sid, &source);
+  if (counter == nullptr || policy_.proposals != Proposals::kCounted) return out;
+  const Match& match = counter->match(sid);
+  std::vector<int32_t> main(width), second(width);
+  std::vector<TokenEvidence> main_evidence(width), second_evidence(width);
+  const CountedPaths paths = counter->counted_paths(match, k, policy_.min_probability,
+                                                    candidates.data() + static_cast<std::size_t>(source) * width,
+                                                    slots[source].length, main.data(), main_evidence.data(),
+                                                    second.data(), second_evidence.data());
+  const int32_t allowed = draft_length(paths.match_length, k);
+  const auto keep = [&](int32_t length, const std::vector<int32_t>& tokens, const std::vector<TokenEvidence>& ev,
+                        std::vector<int32_t>* to, std::vector<int32_t>* counts, std::vector<int32_t>* totals) {
+    const int32_t n = std::max(0, std::min(length, allowed));
+    for (int32_t d = 0; d < n; ++d) {
+      to->push_back(tokens[static_cast<std::size_t>(d)]);
+      counts->push_back(ev[static_cast<std::size_t>(d)].count);
+      totals->push_back(ev[static_cast<std::size_t>(d)].total);
+    }
+  };
+  keep(paths.main_length, main, main_evidence, &out.main, &out.main_counts, &out.main_totals);
+  keep(paths.second_length, second, second_evidence, &out.second, &out.second_counts, &out.second_totals);
+  out.match_length = out.main.empty() && out.second.empty() ? 0 : paths.match_length;
+  return out;
+}
+
 void Drafter::append_batch_locked(const int64_t* requests, std::size_t rows, const int32_t* tokens,
                                   const int64_t* offsets) {
   if (offsets[0] != 0) fail("offsets[0] must be 0");

@@ -108,6 +108,14 @@ struct Draft {
   int32_t certain = 0;  // leading tokens that every earlier occurrence continued with (Automaton::certain_prefix)
 };
 
+// One request's counted proposals (Drafter::counted, for inspection): the main and the second path, the
+// context length behind them and each token's evidence (counts of the token and of all continuations).
+struct CountedDraft {
+  std::vector<int32_t> main, second;
+  int32_t match_length = 0;
+  std::vector<int32_t> main_counts, main_totals, second_counts, second_totals;
+};
+
 // Finished responses of every prompt, for drafting where a request's own text and its
 // group's have no match (the start of a response, phrases common across prompts).  Bounded
 // by two generations of half the budget each: when the newer is full, the older is dropped
@@ -158,6 +166,9 @@ class Drafter {
   void append(int64_t request, const int32_t* tokens, std::size_t count);
   // Up to k draft tokens for the request's next positions, with their match and source.
   Draft propose(int64_t request, int32_t k);
+  // The request's counted paths of up to k tokens (Automaton::counted_paths, as step_goodput makes them; empty
+  // unless the policy's proposals are counted).
+  CountedDraft counted(int64_t request, int32_t k) const;
   // One engine step for a batch: rows[i] gets tokens[offsets[i]:offsets[i+1]] appended, then
   // up to k drafts written to drafts[i*k ...] (padded with -1), lengths[i] set, and the match
   // behind the draft and its source in match_lengths[i] (0 where it drafted nothing) and

@@ -219,6 +219,18 @@ class StepDrafts:
 
 
 @dataclass(frozen=True)
+class CountedPaths:
+    """A request's counted proposals (`SamDrafter.counted_paths`): the majority path, the second path (where
+    the counts split), the context length behind them, and per token (its count, its context's continuations)."""
+
+    main: list[int]
+    second: list[int]
+    match_length: int
+    main_evidence: list[tuple[int, int]]
+    second_evidence: list[tuple[int, int]]
+
+
+@dataclass(frozen=True)
 class DraftArrays:
     """One `SamDrafter.step_arrays`'s drafts, the arrays the core wrote into: ``drafts[rows, k]``
     (padded with -1), ``lengths``, ``match_lengths`` (0: no draft), ``sources`` (native DraftSource
@@ -351,6 +363,15 @@ class SamDrafter:
         draft = self._core.propose(self._handle(request_id), _check_k(k))
         return Draft(draft.tokens, draft.match_length, None if draft.source is None else draft.source.name,
                      draft.certain)
+
+    def counted_paths(self, request_id: Hashable, k: int) -> CountedPaths:
+        """The request's counted proposals of up to ``k`` tokens as the adaptive policy makes them (empty unless
+        the policy's ``proposals`` is "counted"): the majority path and the second path, with each token's count
+        and its context's continuations."""
+        paths = self._core.counted(self._handle(request_id), _check_k(k))
+        return CountedPaths(list(paths.main), list(paths.second), paths.match_length,
+                            list(zip(paths.main_counts, paths.main_totals, strict=True)),
+                            list(zip(paths.second_counts, paths.second_totals, strict=True)))
 
     def step(self, request_ids: Sequence[Hashable], new_tokens: Sequence[Sequence[int] | npt.NDArray[Any]],
              k: int) -> StepDrafts:

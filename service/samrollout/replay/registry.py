@@ -96,7 +96,8 @@ def make_drafter(name: str, vocab_size: int, policy: DraftPolicy | None = None,
         if reason is not None:
             raise RuntimeError(f"{name}: {reason}")
         return SuffixDrafter(global_cache=name == "suffix-cache")
-    raise ValueError(f"unknown drafter {name!r}; known: {', '.join([*DEFAULT_DRAFTERS, 'sam-history', 'sam-global', *ADAPTIVE])}")
+    known = ", ".join([*DEFAULT_DRAFTERS, "sam-history", "sam-global", *ADAPTIVE])
+    raise ValueError(f"unknown drafter {name!r}; known: {known}")
 
 
 def make_source(name: str, vocab_size: int, policy: DraftPolicy | None = None) -> ReplayDrafter:
