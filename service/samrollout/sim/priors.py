@@ -1,0 +1,61 @@
+"""Which step-cost prior ours starts from in a projection: the simulator's table, the generic line, a wrong table.
+
+In a projection the simulator's truth is its cost table (``--cost``).  Ours' adaptive policy starts from a
+prior shape (`samrollout.spec_decode.step_cost`) and corrects it online from the steps it times:
+
+- ``table``: the simulator's table itself (the prior is the truth; an H100 with its shipped table);
+- ``line``: the generic compute-bound line (`LinearShape`), what a device with no table gets (an Ascend NPU,
+  a CPU): the headline, since the fit must learn the device;
+- ``wrong-table``: the simulator's table with every draft token made `WRONG_DRAFT_FACTOR` x costlier
+  (t'(q) = t(1) + 2 (t(q) - t(1)) at every measured point): a table of another device or model;
+- ``auto``: the server's default for the device kind (`samrollout.config.resolve_cost_prior`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from samrollout.config import DeviceKind, resolve_cost_prior
+
+COST_PRIORS = ("auto", "table", "line", "wrong-table")
+WRONG_DRAFT_FACTOR = 2.0
+
+
+def draft_costlier(data: dict[str, Any], factor: float = WRONG_DRAFT_FACTOR) -> dict[str, Any]:
+    """A cost table's JSON with each point's extra time of the drafts (t(q) - t(1)) times ``factor``."""
+    points = []
+    for point in data["points"]:
+        times = point.get("t_ms") or {}
+        if point.get("status") == "ok" and "1" in times:
+            base = float(times["1"])
+            point = {**point, "t_ms": {q: base + factor * (float(ms) - base) for q, ms in times.items()}}
+            point.pop("samples_ms", None)
+        points.append(point)
+    return {**data, "points": points, "derived": f"draft tokens x{factor:g} costlier than in the source table"}
+
+
+def prior_path(prior: str, cost_path: str, device_kind: DeviceKind) -> str:
+    """The `SpeculationConfig.cost_prior` (``"linear"`` or a table's path) a prior name means in a projection
+    on the table at ``cost_path``; ``wrong-table`` is written once under the temporary directory."""
+    if prior == "auto":
+        return resolve_cost_prior("auto", device_kind)
+    if prior == "table":
+        return str(Path(cost_path).resolve())
+    if prior == "line":
+        return "linear"
+    if prior == "wrong-table":
+        source = Path(cost_path).read_bytes()
+        derived = draft_costlier(json.loads(source))
+        digest = hashlib.sha256(source).hexdigest()[:12]
+        path = Path(tempfile.gettempdir()) / f"samrollout-wrong-table-{digest}.json"
+        if not path.exists():  # written aside and renamed: worker processes may ask at once
+            aside = path.with_name(f"{path.name}.{os.getpid()}")
+            aside.write_text(json.dumps(derived))
+            aside.replace(path)
+        return str(path)
+    raise ValueError(f"unknown cost prior {prior!r}: choose from {', '.join(COST_PRIORS)}")
