@@ -119,13 +119,10 @@ def device_kind_of(args: argparse.Namespace, cost: CostTable) -> DeviceKind:
 
 def mode_settings(name: str, device_kind: DeviceKind, suffix: SuffixSettings | None = None,
                   cost_prior: str = "auto", cost_path: str | None = None) -> ModePlan:
-    """(drafter kind, k, our config or suffix's settings or None, scheduling) of a mode name; ValueError for
-    unknown names.  ``suffix``: what a bare ``suffix`` means (default vLLM's; ``-dN -kN -fN -nN`` override);
-    ``cost_prior``: ours' step-cost prior (`samrollout.sim.priors`: auto, table, line, wrong-table) unless the
-    name ends in ``@<prior>``; ``cost_path``: the simulator's table, which table and wrong-table derive from."""
-    prior_match = _PRIOR.search(name)
-    if prior_match is not None:
-        name = name[:prior_match.start()]
+    """(drafter kind, k, our config or suffix's settings or None, scheduling) of a mode name (ValueError: unknown).
+    ``suffix``: a bare ``suffix``'s settings (default vLLM's); ``cost_prior``: ours' (`samrollout.sim.priors`)
+    unless the name ends in ``@<prior>``; ``cost_path``: the simulator's table (table, wrong-table)."""
+    name, named_prior = _split_prior(name)
     match = _MODE.match(_DIVIDED.sub("", name))
     if match is None:
         raise ValueError(f"unknown mode {name!r}: see `samrollout simulate --help`")
@@ -137,13 +134,7 @@ def mode_settings(name: str, device_kind: DeviceKind, suffix: SuffixSettings | N
     draft_range = tuple((int(a), int(b)) for a, b in (opt[1:].split(".") for opt in parts if opt[0] == "r"))
     if base in ("suffix", "suffix-nocache"):
         return suffix_plan(name, base, values, suffix or SuffixSettings(), scheduling)
-    if "d" in values or "f" in values or "n" in values:
-        raise ValueError(f"mode {name!r}: -dN, -fN and -nN are suffix's (depth, spec factor, cached requests)")
-    if prior_match is not None:
-        if not base.startswith("samrollout"):
-            raise ValueError(f"mode {name!r}: @prior is ours' (the adaptive policy's step-cost prior)")
-        cost_prior = prior_match.group(1)
-    if base == "ngram":
+    if (cost_prior := _ours_prior(name, base, values, named_prior, cost_prior)) and base == "ngram":
         return base, values.get("k", SpeculationConfig.k), None, scheduling
     if base == "off":
         return base, 1, None, scheduling
@@ -152,10 +143,7 @@ def mode_settings(name: str, device_kind: DeviceKind, suffix: SuffixSettings | N
     server = ServerSettings.model_validate({"threshold_mode": "static"} if base == "samrollout-static" else {})
     config = server.speculation_config(device_kind)
     assert config is not None
-    if cost_prior != "auto":
-        if cost_path is None and cost_prior != "line":
-            raise ValueError(f"cost prior {cost_prior!r} needs the simulator's cost table")
-        config = replace(config, cost_prior=prior_path(cost_prior, cost_path or "", device_kind))
+    config = _with_prior(config, cost_prior, cost_path, device_kind)
     scheduling = cast(SchedulingPolicy, order[1:]) if order else server.rollout_scheduling
     if config.threshold_mode == "adaptive":
         if "a" in values:
@@ -189,6 +177,31 @@ def mode_settings(name: str, device_kind: DeviceKind, suffix: SuffixSettings | N
     if "a" in values:
         raise ValueError(f"mode {name!r}: -aN (longest draft) is the adaptive policy's: use samrollout-aN")
     return base, config.largest_draft(), config, scheduling
+
+
+def _split_prior(name: str) -> tuple[str, str | None]:
+    """A mode name without its ``@<prior>`` suffix, and that prior (None: none named)."""
+    match = _PRIOR.search(name)
+    return (name, None) if match is None else (name[:match.start()], match.group(1))
+
+
+def _ours_prior(name: str, base: str, values: dict[str, int], named: str | None, default: str) -> str:
+    """The prior a mode of ours (or off, ngram) runs with; ValueError for suffix's options on them."""
+    if "d" in values or "f" in values or "n" in values:
+        raise ValueError(f"mode {name!r}: -dN, -fN and -nN are suffix's (depth, spec factor, cached requests)")
+    if named is not None and not base.startswith("samrollout"):
+        raise ValueError(f"mode {name!r}: @prior is ours' (the adaptive policy's step-cost prior)")
+    return default if named is None else named
+
+
+def _with_prior(config: SpeculationConfig, cost_prior: str, cost_path: str | None,
+                device_kind: DeviceKind) -> SpeculationConfig:
+    """Ours' config with the step-cost prior a prior name means (`samrollout.sim.priors`; auto: as it is)."""
+    if cost_prior == "auto":
+        return config
+    if cost_path is None and cost_prior != "line":
+        raise ValueError(f"cost prior {cost_prior!r} needs the simulator's cost table")
+    return replace(config, cost_prior=prior_path(cost_prior, cost_path or "", device_kind))
 
 
 def suffix_plan(name: str, base: str, values: dict[str, int], suffix: SuffixSettings,

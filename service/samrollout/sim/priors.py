@@ -20,6 +20,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from samrollout.config import DeviceKind, resolve_cost_prior
 
 COST_PRIORS = ("auto", "table", "line", "wrong-table")
@@ -59,3 +61,34 @@ def prior_path(prior: str, cost_path: str, device_kind: DeviceKind) -> str:
             aside.replace(path)
         return str(path)
     raise ValueError(f"unknown cost prior {prior!r}: choose from {', '.join(COST_PRIORS)}")
+
+
+FIT_EVERY_STEPS = 64   # engine steps (over all instances) between two samples of ours' step-cost fit
+FIT_QS = (1.0, 2.0, 4.0, 8.0, 16.0)  # tokens per row at which the fit's prediction is held against the truth
+
+
+def fit_sample(drafter: object, truth: Any, rows: int, context: float, clock: float) -> dict[str, Any] | None:
+    """Where ours' online step-cost fit stands (None: the drafter has none, the static mode or a peer): its
+    (u, w, v, observations) at this batch size, and its mean relative error against the simulator's table
+    over `FIT_QS` tokens per row at this batch size and context: 0 when the fit has learned the device."""
+    cost = getattr(getattr(getattr(drafter, "session", None), "goodput", None), "cost", None)
+    if cost is None or rows < 1:
+        return None
+    qs = np.array(FIT_QS)
+    predicted = cost.seconds(rows, rows * qs, context)
+    true = np.array([truth.step_seconds(rows, float(q), context) for q in qs])
+    u, w, v = cost.correction(rows)
+    return {"t": round(clock, 3), "rows": rows, "context": round(context), "u": u, "w": w, "v": v,
+            "relative_error": float(np.mean(np.abs(predicted - true) / true))}
+
+
+def fit_summary(samples: list[dict[str, Any]], most: int = 24) -> dict[str, Any]:
+    """A run's fit samples for the report: the first and last quarter's mean relative error and at most
+    ``most`` samples spread over the run."""
+    if not samples:
+        return {}
+    quarter = max(1, len(samples) // 4)
+    stride = max(1, len(samples) // most)
+    return {"first_quarter_error": float(np.mean([s["relative_error"] for s in samples[:quarter]])),
+            "last_quarter_error": float(np.mean([s["relative_error"] for s in samples[-quarter:]])),
+            "samples": samples[::stride][:most] + ([samples[-1]] if len(samples) > most else [])}
