@@ -59,7 +59,7 @@ SIZES = {  # trace, responses, groups per step, groups held async (>= 32 running
 RUNS: list[tuple[str, str, list[str]]] = [
     *((f"{t}-like", "like-for-like", [*SIZES[t], "--instances", "2", "--slots", "32", "--placements", "affine",
                                       "--loops", "sync,async", "--drafters", LIKE, "--seeds", SEEDS, "--train-ratio",
-                                      "0"]) for t in ("sky-clean", "sky-all", "r1")),
+                                      "0"]) for t in ("sky-clean", "r1")),
     ("sky-clean-product-peers", "product", [*SIZES["sky-clean"], "--instances", "2,4", "--slots", "32",
                                             "--placements", "least-outstanding", "--loops", "async", "--drafters",
                                             PRODUCT_PEERS, "--seeds", SEEDS, "--train-ratio", "0"]),
@@ -70,6 +70,9 @@ RUNS: list[tuple[str, str, list[str]]] = [
         *SIZES["sky-clean"], "--instances", "2", "--slots", "32", "--placements", "affine", "--loops", "sync,async",
         "--drafters", "off+length-aware,suffix-best+length-aware,samrollout@line", "--seeds", "0",
         "--train-ratio", "0.5"]),
+    ("sky-all-like", "like-for-like", [*SIZES["sky-all"], "--instances", "2", "--slots", "32", "--placements",
+                                       "affine", "--loops", "sync,async", "--drafters", LIKE, "--seeds", SEEDS,
+                                       "--train-ratio", "0"]),  # the heaviest last: a cut-short run keeps the rest
 ]
 LOOP_NAMES = ("sync", "async")
 KEY_MODES = tuple(f"{loop}-{drafter}" for loop in LOOP_NAMES for drafter in ("off", "suffix", "samrollout"))
