@@ -1,29 +1,32 @@
 """Project RL loops at scale on the H100 table, in one run: `samrollout simulate-rl` over the real traces.
 
-    python bench/project_rl.py --json bench/results/projected-rl-h100.json --plot bench/results/projected-rl-h100.png
+    SAMROLLOUT_TRACES=../shared/data/reasoning-traces python bench/project_rl.py \
+        --json bench/results/projected-rl-h100.json --plot bench/results/projected-rl-h100.png
 
-One command regenerates the whole file with one simulator version; the file records the git commit, the
-command and this host's speed (`bench/host_speed.py`).  Every run of `RUNS` is a `samrollout simulate-rl` over
-the real traces of ``../shared/data/reasoning-traces/``: the H100 table of a Qwen3-8B-shaped model, a KV cache
-of 350,000 tokens per instance, 2 instances of 64 slots, a 16 GB checkpoint read from a shared disk, the
-client's affine placement and staleness bound, and every drafter (off, vLLM `suffix`, ours; and ours at its
-previous defaults, `samrollout-static`) under both fcfs and length-aware admission, synchronous and
-asynchronous, each with the drafter's CPU time charged at 0 (acceptance alone) and at the reference host's
-speed (``scale = reference seconds / this host's seconds``).
+One command regenerates the whole file at one commit (recorded, with the command and every run's
+`samrollout simulate-rl` command); the JSON is written after each run, so a run cut short keeps what finished.
+Every run: the H100 table of a Qwen3-8B-shaped model (``verify-cost-h100-k24.json``), a KV cache of 350,000
+tokens per instance, a 16 GB checkpoint from a shared disk, 2 epochs of the traces (a prompt's second epoch
+drafts from its first), the drafters' CPU time not charged (``--drafter-time-scale 0``), and 2 stream orders
+(``--seeds 0,1``; the spread over them is reported).  The runs (`RUNS`), most important first:
 
-Sizes.  No response is ever copied, and the trace files are small, so each run takes fewer groups per step
-than an epoch and holds several batches in flight, to give at least 6 asynchronous steps with at least 32
-running per instance where the file allows: Sky-T1 is 30 prompts x 11 successive checkpoints' responses,
-split into 2 epochs (a prompt's second epoch drafts from its first); clean: 57 groups of about 3.3, 6 per step,
-20 held (about 33 running per instance, 7 async steps); all: 60 groups of 5.5, 6 per step, 12 held (about 33
-per instance, 9 async steps).  R1-distill has 40 responses in all, so 32 per instance cannot be had: 20 groups
-of 2, 2 per step, 6 held (6 per instance, 8 async steps), a small-batch check.  A synchronous step holds only
-its batch (10-16 per instance at its start).
+- **like for like** (Sky-T1 clean, R1-distill, Sky-T1 all): 2 instances x 32 slots, affine placement, every
+  drafter under length-aware admission, sync and async; vLLM `suffix` at its best (``suffix-best``: the grid
+  depth {24, 64} x k {8, 16, 32} x spec factor {1, 2}, 100,000 cached requests, picked per projection in a
+  quick synchronous rollout of the stream's first two steps, `samrollout.sim.suffix_best`), against ours on
+  each step-cost prior (``table``: the simulator's own; ``line``: the generic line a device without a table
+  gets, the headline; ``wrong-table``: draft tokens 2x costlier).  One projection per prior, ``prior`` and
+  ``seed`` in it.  The scheduler comparison (fcfs against length-aware) is not made: admission barely binds
+  at these sizes, so the label says only that every drafter had the same admission.
+- **product** (Sky-T1 clean, async, 2 and 4 instances): ours as shipped (affine placement, length-aware,
+  the adaptive policy, its CUDA prior: the shipped H100 table) against vLLM `suffix` at vLLM's defaults and
+  no speculation, both behind least-outstanding with fcfs (ours behind least-outstanding too, for placement).
+- **trainer-bound** (Sky-T1 clean, seed 0, training 0.5x the sync + off rollout): labelled as such; every
+  drafter is expected to tie where the trainer sets the pace.
 
-Each projection in the JSON has the shape the issue asks for: ``scheduling`` "like-for-like" (every drafter
-under one admission policy, ``admission``) or "product" (ours at the server's defaults, length-aware, against
-vLLM `suffix` and no speculation under vLLM's fcfs), and per mode ``samples_per_s``, ``tokens_per_s`` and
-``steady`` (the first step left out), with the full simulation report beside them.
+Sizes (steps: at least 9 async, so at least 8 steady intervals): Sky-T1 clean 4 groups per step, 20 held
+(about 33 running per instance); all 5 per step, 12 held; R1-distill (40 responses) 2 per step, 4 held, a
+small-batch check (fewer than 32 running per instance cannot be helped there).
 """
 
 from __future__ import annotations
