@@ -132,3 +132,33 @@ def test_a_seed_other_than_0_visits_the_prompts_in_an_order_of_its_own() -> None
     assert [g.key for g in _ordered(groups, 0)] == [g.key for g in groups]
     assert sorted(g.key for g in _ordered(groups, 1)) == sorted(g.key for g in groups)
     assert [g.key for g in _ordered(groups, 1)] != [g.key for g in groups]
+
+
+def test_on_the_line_prior_a_batch_size_never_drafted_at_is_not_held_to_the_lines_draft_cost() -> None:
+    """Before: an instance that only ever ran 32 rows kept the line's slope for drafts (about 40x an H100's at
+    that batch), so the policy never drafted there and never measured it.  Now unmeasured drafts start free."""
+    from samrollout.spec_decode.step_cost import LinearShape, StepCost
+
+    truth = CostTable.load(H100)
+    cost = StepCost(LinearShape())
+    for _ in range(300):
+        cost.observe(32, 32, 4000, truth.step_seconds(32, 1, 4000))
+    plain, drafted = cost.seconds(32, np.array([32.0, 32.0 * 4]), 4000)
+    true_extra = truth.step_seconds(32, 4, 4000) / truth.step_seconds(32, 1, 4000) - 1
+    assert drafted / plain - 1 <= max(0.05, 2 * true_extra)
+
+
+def test_on_the_line_prior_drafted_steps_teach_the_fit_that_drafts_cost_what_they_cost() -> None:
+    """The other way round (a CPU, where drafts are dear): a few dozen drafted steps move the drafts' weight
+    from free to what the device measured."""
+    from samrollout.spec_decode.step_cost import LinearShape, StepCost
+
+    device = LinearShape(step_s=0.02, token_s=0.002)  # the truth: a slow device, drafts cost 2 ms a token
+    cost = StepCost(LinearShape())
+    rng = np.random.default_rng(0)
+    for _ in range(60):
+        rows, q = 8, int(rng.integers(1, 6))
+        cost.observe(rows, rows * q, 1000, float(device.seconds(rows, np.array([rows * q]), 1000)[0]))
+    predicted = cost.seconds(8, np.array([8.0, 32.0]), 1000)
+    true = device.seconds(8, np.array([8.0, 32.0]), 1000)
+    assert abs((predicted[1] - predicted[0]) / (true[1] - true[0]) - 1) < 0.25
