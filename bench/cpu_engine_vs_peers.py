@@ -1,19 +1,23 @@
-"""The CPU engine, the one engine measured here: samrollout's default against no speculation, vLLM `suffix` and its
-previous defaults, greedy in the engine and sampled through the server, interleaved rounds, one run.
+"""The CPU engine, the one engine measured here: samrollout's default against no speculation, vLLM `suffix` (at
+vLLM's default k and at its best k) and its previous defaults, greedy in the engine and sampled through the server,
+interleaved rounds, one run.
 
     python bench/cpu_engine_vs_peers.py --rounds 3 --json bench/results/cpu-engine-vs-peers.json \\
         --plot bench/results/cpu-engine-vs-peers.png
 
 - **greedy**: `bench/spec_engine.py`'s heavy-tailed greedy rollout (32 requests, 8 prompts with group ids, max_tokens
-  Pareto-distributed up to 768, ignore_eos), each mode in its own process: ``off``, vLLM ``suffix`` at its
-  defaults, ``previous`` (`sam-static`: the static threshold with confident drafts, the CPU defaults before the
+  Pareto-distributed up to 768, ignore_eos), each mode in its own process: ``off``, vLLM ``suffix`` at vLLM's
+  default k (``suffix-default``: num_speculative_tokens unset, so vLLM's tree depth, 24) and at k 3 and 8
+  (``suffix-k3``, ``suffix-k8``; ``suffix-best`` is the fastest of k {3, 8, 24}, its k recorded), ``previous``
+  (`sam-static`: the static threshold with confident drafts, the CPU defaults before the
   adaptive policy) and ``default`` (`sam-default`: the server's defaults now).
 - **sampled**: a GRPO-shaped rollout through a real server, temperature 1 and unseeded as RL samples: 8 math
   prompts of the bundled traces, each one chat request with n = 8 (a group: its siblings draft from each other),
   max_tokens per prompt from 48 to 640 (heavy-tailed), ignore_eos; the makespan is from sending every request to
   the last reply.  ``off`` (`samrollout serve --no-speculation`), ``previous`` (`--threshold-mode static`),
-  ``default`` (`samrollout serve`) and ``suffix`` (plain `vllm serve` with SuffixDecoding, and samrollout's CPU
-  sampled-verification plugin alone, so that its sampled drafts are verified exactly as ours are).
+  ``default`` (`samrollout serve`) and ``suffix-default``, ``suffix-k3``, ``suffix-k8`` (plain `vllm serve` with
+  SuffixDecoding at k 24 = vLLM's default, 3, 8, and samrollout's CPU sampled-verification plugin alone, so that
+  its sampled drafts are verified exactly as ours are); ``suffix-best`` as in greedy.
 
 Rounds are interleaved (every mode once per round, in the same order), so slow drift of the machine hits every
 mode alike; the JSON keeps each round's figures beside the medians.
@@ -36,8 +40,11 @@ from typing import Any
 from harness import write_json
 
 HERE = Path(__file__).resolve().parent
-GREEDY_MODES = {"off": "off", "suffix": "suffix", "previous": "sam-static", "default": "sam-default"}
-SAMPLED_MODES = ("off", "previous", "default", "suffix")
+GREEDY_MODES = {"off": "off", "suffix-default": "suffix-default", "suffix-k3": "suffix-k3", "suffix-k8": "suffix-k8",
+                "previous": "sam-static", "default": "sam-default"}
+SAMPLED_MODES = ("off", "previous", "default", "suffix-default", "suffix-k3", "suffix-k8")
+SUFFIX_KS = {"suffix-k3": 3, "suffix-k8": 8, "suffix-default": 24}  # suffix-best: the fastest of these
+VLLM_SUFFIX_DEFAULT_K = 24  # vLLM 0.32: num_speculative_tokens defaults to suffix_decoding_max_tree_depth (24)
 MAX_TOKENS = (48, 64, 80, 112, 160, 240, 384, 640)  # per prompt: most short, a few long
 SERVED_NAME = "bench"
 
@@ -97,7 +104,7 @@ async def rollout(url: str, questions: list[str], n: int) -> dict[str, Any]:
 def server_command(mode: str, model: str) -> tuple[Callable[[int], list[str]], dict[str, str]]:
     """The server a sampled mode runs: ours with its flags, or plain `vllm serve` with SuffixDecoding."""
     common = ["--model", model, "--served-model-name", SERVED_NAME, "--max-model-len", "4096"]
-    if mode != "suffix":
+    if not mode.startswith("suffix"):
         flags = {"off": ["--no-speculation"], "previous": ["--threshold-mode", "static"], "default": []}[mode]
         return (lambda port: [sys.executable, "-m", "samrollout.cli", "serve", *common, "--port", str(port),
                               "--log-level", "warning", *flags]), {}
@@ -105,7 +112,7 @@ def server_command(mode: str, model: str) -> tuple[Callable[[int], list[str]], d
     from http_overhead import vllm_serve_command
 
     plain, env = vllm_serve_command(model, argparse.Namespace(max_model_len=4096, served_name=SERVED_NAME))
-    spec = json.dumps({"method": "suffix", "num_speculative_tokens": 24})
+    spec = json.dumps({"method": "suffix", "num_speculative_tokens": SUFFIX_KS[mode]})
     # Only samrollout's sampled-verification plugin: vLLM's CPU backend then verifies sampled drafts exactly.
     env["VLLM_PLUGINS"] = "samrollout_cpu_sampled_verification"
     return (lambda port: [*plain(port), "--speculative-config", spec]), env
@@ -133,6 +140,17 @@ def sampled(rounds: int, n: int, work: Path) -> dict[str, Any]:
             for mode, mode_runs in runs.items()}
 
 
+def add_suffix_best(figures: dict[str, Any]) -> None:
+    """``suffix-best``: the fastest (median makespan) of `suffix` at the k's of `SUFFIX_KS`, with its k; and each
+    suffix mode's k recorded."""
+    ran = {mode: k for mode, k in SUFFIX_KS.items() if mode in figures}
+    for mode, k in ran.items():
+        figures[mode]["k"] = k
+    if ran:
+        winner = min(ran, key=lambda m: figures[m]["makespan_s"])
+        figures["suffix-best"] = {**figures[winner], "k": ran[winner], "of": {m: ran[m] for m in ran}}
+
+
 def plot(result: dict[str, Any], path: Path) -> None:
     """Makespans of both rollouts per mode, each round a dot and the median a bar."""
     from plotting import save, subplots
@@ -141,7 +159,9 @@ def plot(result: dict[str, Any], path: Path) -> None:
     for ax, kind in zip(axes, ("greedy", "sampled"), strict=True):
         modes = list(result[kind])
         medians = [result[kind][m]["makespan_s"] for m in modes]
-        ax.bar(modes, medians, color=["#999999", "#cc7744", "#88aadd", "#3377bb"][:len(modes)])
+        ax.bar(modes, medians, color=["#999999", "#cc7744", "#cc7744", "#cc7744", "#88aadd", "#3377bb", "#cc7744",
+                                      "#cc7744"][:len(modes)])
+        ax.tick_params(axis="x", labelrotation=45, labelsize=7)
         for i, m in enumerate(modes):
             ax.plot([i] * len(result[kind][m]["rounds"]), [r["makespan_s"] for r in result[kind][m]["rounds"]],
                     "k.", ms=4)
@@ -176,12 +196,13 @@ def main() -> None:
         result["sampled"] = sampled(args.rounds, args.n, work)
     for kind in ("greedy", "sampled"):
         if kind in result:
+            add_suffix_best(result[kind])
             off = result[kind]["off"]["makespan_s"]
             for mode, figures in result[kind].items():
                 against = {f"x_{peer}": figures["makespan_s"] / result[kind][peer]["makespan_s"]
-                           for peer in ("off", "suffix", "previous") if peer in result[kind]}
+                           for peer in ("off", "suffix-default", "suffix-best", "previous") if peer in result[kind]}
                 figures.update(against)
-                print(f"{kind:<8}{mode:<10}{figures['makespan_s']:>8.2f} s  x off {figures['makespan_s'] / off:.3f}  "
+                print(f"{kind:<8}{mode:<16}{figures['makespan_s']:>8.2f} s  x off {figures['makespan_s'] / off:.3f}  "
                       + "  ".join(f"{k} {v:.3f}" for k, v in against.items()))
     if args.json:
         write_json(args.json, result, indent=1)

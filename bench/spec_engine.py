@@ -65,7 +65,10 @@ MODES: dict[str, dict[str, Any] | None] = {
     "sam-confident-32": {"method": "sam", "threshold_mode": "static", "confident_match": 32},
     "sam-confident-64": {"method": "sam", "threshold_mode": "static", "confident_match": 64},
     "ngram": {"method": "ngram"},
-    "suffix": {"method": "suffix"},
+    "suffix": {"method": "suffix"},  # at --k
+    # vLLM's default k for suffix (num_speculative_tokens unset: vLLM sets it to the tree depth, 24), and fixed k's
+    "suffix-default": {"method": "suffix", "k": None},
+    **{f"suffix-k{k}": {"method": "suffix", "k": k} for k in (3, 8, 24)},
 }
 QUESTIONS = [
     "Explain step by step how to compute 347 * 29, then check the result.",
@@ -92,9 +95,12 @@ def _engine_args(mode: str, k: int, threshold: int) -> dict[str, Any]:
     if setting["method"] == "ngram":
         return engine_kwargs(model, None, speculative_config={"method": "ngram", "num_speculative_tokens": k,
                                                               "prompt_lookup_min": 5, "prompt_lookup_max": 5}, **base)
-    if setting["method"] == "suffix":  # vLLM's SuffixDecoding (arctic-inference), its defaults
-        return engine_kwargs(model, None, speculative_config={"method": "suffix", "num_speculative_tokens": k},
-                             **base)
+    if setting["method"] == "suffix":  # vLLM's SuffixDecoding (arctic-inference): its defaults but k
+        spec: dict[str, Any] = {"method": "suffix"}
+        suffix_k = setting.get("k", k)
+        if suffix_k is not None:  # None: vLLM's default k (the tree depth)
+            spec["num_speculative_tokens"] = suffix_k
+        return engine_kwargs(model, None, speculative_config=spec, **base)
     if setting.get("server_defaults"):
         from samrollout.server.engine.startup import platform_device_kind
         from samrollout.server.settings import ServerSettings

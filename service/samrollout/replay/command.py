@@ -23,6 +23,7 @@ import numpy as np
 from samrollout.drafter import DraftPolicy, policy_field_types
 from samrollout.replay import long_context, report
 from samrollout.replay.oracle import SourceOracle
+from samrollout.replay.peers import add_suffix_flags, suffix_from_args
 from samrollout.replay.registry import (
     DEFAULT_DRAFTERS,
     DEFAULT_ORACLE_SOURCES,
@@ -101,6 +102,7 @@ def add_replay_parser(commands: Any) -> None:
                    help="rows per step in the long-context table (default 8: the tail batch at threshold 8)")
     p.add_argument("--json", help="write all results to this JSON file")
     p.add_argument("--plot", help="write a PNG of MAL and cost per drafter")
+    add_suffix_flags(p)
     add_policy_flags(p.add_argument_group("SAM draft policy (sam, sam-group, the oracle's own and group sources)"))
     p.set_defaults(run=run)
 
@@ -261,7 +263,10 @@ def plan(args: argparse.Namespace) -> ReplayPlan:
     if ORACLE in drafters:
         raise ValueError("the oracle is not a drafter you can pick: it is its own row (--oracle-sources)")
     files = {path: load_traces(path, args.tokenizer, args.max_groups) for path in paths}
+    suffix_from_args(args)  # settings out of vLLM's bounds: a clear error before anything runs
     k_of = {name: args.k or engine_k(name) for name in [*drafters, ORACLE]}
+    k_of.update({name: args.k or suffix_from_args(args).num_speculative_tokens
+                 for name in drafters if name in ("suffix", "suffix-cache")})
     threshold_of = {name: (engine_threshold(name) if args.threshold == "engine" or engine_threshold(name) is None
                            else args.threshold) for name in [*drafters, ORACLE]}
     return ReplayPlan(paths, files, drafters, oracles, filters, where, policy, k_of, threshold_of)
@@ -299,7 +304,7 @@ def run_replays(args: argparse.Namespace, p: ReplayPlan) -> tuple[list[report.Re
                 continue
             for name in p.drafters:
                 try:
-                    drafter = factory(name, vocab, p.policy, args.confident_match)()
+                    drafter = factory(name, vocab, p.policy, args.confident_match, suffix_from_args(args))()
                 except RuntimeError as error:
                     if name not in unavailable:
                         print(f"skipped {error}", file=sys.stderr)
@@ -391,8 +396,8 @@ def _long_context(args: argparse.Namespace, path: str, groups: list[TraceGroup],
     vocab = vocab_size(groups)
     costs: list[long_context.LongContextCost] = []
     for name in names:
-        costs += long_context.measure(factory(name, vocab, policy), groups, lengths, k_of[name],
-                                      rows=args.long_context_rows)
+        costs += long_context.measure(factory(name, vocab, policy, suffix=suffix_from_args(args)), groups, lengths,
+                                      k_of[name], rows=args.long_context_rows)
     print(f"\nper row-step drafter cost at long context ({args.long_context_rows} rows per step, "
           f"tokens of {path}):")
     print(report.format_long_context(costs))

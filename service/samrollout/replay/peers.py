@@ -10,6 +10,7 @@
   suffix_decoding_max_spec_factor 1.0, suffix_decoding_min_token_prob 0.1 and
   suffix_decoding_max_cached_requests 10000 ("suffix-cache": finished responses feed a global
   tree) or 0 ("suffix": vLLM's documented switch for "global tree off, prompt trees still used").
+  Every one of these is a `SuffixSettings` field a user may set (the modes' ``--suffix-*`` options).
 
 Both follow the replay protocol's shapes (`samrollout.replay.protocol.ReplayDrafter`): new tokens
 arrive as lists (numpy arrays are accepted too) and drafts go back as lists of ints, at most k long.
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import importlib.util
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -33,6 +35,45 @@ SUFFIX_MAX_CACHED_REQUESTS = 10_000
 SUFFIX_MAX_SPEC_FACTOR = 1.0
 SUFFIX_MIN_TOKEN_PROB = 0.1
 _NO_LIMIT = 1 << 30  # max_model_len: replayed contexts never reach it
+
+
+@dataclass(frozen=True)
+class SuffixSettings:
+    """What a user of vLLM sets for method "suffix" (its ``speculative_config``); the defaults are vLLM 0.32's
+    (``SpeculativeConfig``: depth 24, spec factor 1.0, min_token_prob 0.1, 10,000 cached requests; k, when
+    not given, is the depth, as ``_validate_suffix_decoding`` sets it)."""
+
+    depth: int = SUFFIX_MAX_TREE_DEPTH
+    k: int | None = None  # num_speculative_tokens; None: the depth
+    spec_factor: float = SUFFIX_MAX_SPEC_FACTOR
+    min_token_prob: float = SUFFIX_MIN_TOKEN_PROB
+    cached_requests: int = SUFFIX_MAX_CACHED_REQUESTS
+
+    def __post_init__(self) -> None:
+        if self.depth < 1 or (self.k is not None and self.k < 1) or self.spec_factor < 0 \
+                or not 0 <= self.min_token_prob <= 1 or self.cached_requests < 0:
+            raise ValueError(f"suffix settings out of vLLM's bounds (depth >= 1, k >= 1, spec factor >= 0, "
+                             f"0 <= min_token_prob <= 1, cached requests >= 0): {self}")
+
+    @property
+    def num_speculative_tokens(self) -> int:
+        """The k vLLM drafts up to: the one given, else the depth."""
+        return self.depth if self.k is None else self.k
+
+    def label(self) -> str:
+        """A short name of the setting, e.g. ``d64-k32-f2-p0.1-c100000``."""
+        return (f"d{self.depth}-k{self.num_speculative_tokens}-f{self.spec_factor:g}-p{self.min_token_prob:g}"
+                f"-c{self.cached_requests}")
+
+    def to_json(self) -> dict[str, float | int]:
+        """The setting as vLLM's ``speculative_config`` keys (k resolved)."""
+        return {"suffix_decoding_max_tree_depth": self.depth, "num_speculative_tokens": self.num_speculative_tokens,
+                "suffix_decoding_max_spec_factor": self.spec_factor,
+                "suffix_decoding_min_token_prob": self.min_token_prob,
+                "suffix_decoding_max_cached_requests": self.cached_requests}
+
+
+VLLM_SUFFIX = SuffixSettings()
 
 
 def _int32(tokens: Sequence[int] | np.ndarray) -> np.ndarray:
@@ -90,13 +131,14 @@ def suffix_unavailable_reason() -> str | None:
 class SuffixDrafter:
     """SuffixDecoding: a per-request suffix tree over prompt + output, optionally a global tree of finished ones."""
 
-    def __init__(self, global_cache: bool = True) -> None:
+    def __init__(self, global_cache: bool = True, settings: SuffixSettings = VLLM_SUFFIX) -> None:
         from arctic_inference.suffix_decoding import SuffixDecodingCache
 
         self.name = "suffix-cache" if global_cache else "suffix"
+        self.settings = settings
         self.cache: Any = SuffixDecodingCache(
-            max_tree_depth=SUFFIX_MAX_TREE_DEPTH,
-            max_cached_requests=SUFFIX_MAX_CACHED_REQUESTS if global_cache else 0,
+            max_tree_depth=settings.depth,
+            max_cached_requests=settings.cached_requests if global_cache else 0,
         )
         self._earlier = 0
 
@@ -131,10 +173,10 @@ class SuffixDrafter:
                 continue
             draft = self.cache.speculate(
                 seq_id,
-                _int32(context[-SUFFIX_MAX_TREE_DEPTH:]),
+                _int32(context[-self.settings.depth:]),
                 max_spec_tokens=k,
-                max_spec_factor=SUFFIX_MAX_SPEC_FACTOR,
-                min_token_prob=SUFFIX_MIN_TOKEN_PROB,
+                max_spec_factor=self.settings.spec_factor,
+                min_token_prob=self.settings.min_token_prob,
             )
             drafts.append(list(draft.token_ids)[:k])
         return drafts
@@ -142,3 +184,25 @@ class SuffixDrafter:
     def remove(self, seq_id: int) -> None:
         """Finish the request (with the global cache on, its response stays in the global tree)."""
         self.cache.stop_request(seq_id)
+
+
+def add_suffix_flags(parser: Any) -> None:
+    """The ``--suffix-*`` options of a mode (replay, simulate, simulate-rl): vLLM's `suffix` settings, its
+    defaults unless given (`SuffixSettings`)."""
+    group = parser.add_argument_group("vLLM suffix (SuffixDecoding) settings, vLLM 0.32's defaults unless given")
+    group.add_argument("--suffix-depth", type=int, default=SUFFIX_MAX_TREE_DEPTH,
+                       help="suffix_decoding_max_tree_depth (default %(default)s)")
+    group.add_argument("--suffix-k", type=int, default=None,
+                       help="num_speculative_tokens for suffix (default: the depth, as vLLM sets it)")
+    group.add_argument("--suffix-spec-factor", type=float, default=SUFFIX_MAX_SPEC_FACTOR,
+                       help="suffix_decoding_max_spec_factor (default %(default)s)")
+    group.add_argument("--suffix-min-token-prob", type=float, default=SUFFIX_MIN_TOKEN_PROB,
+                       help="suffix_decoding_min_token_prob (default %(default)s)")
+    group.add_argument("--suffix-cached-requests", type=int, default=SUFFIX_MAX_CACHED_REQUESTS,
+                       help="suffix_decoding_max_cached_requests of the global tree (default %(default)s)")
+
+
+def suffix_from_args(args: Any) -> SuffixSettings:
+    """The `SuffixSettings` the ``--suffix-*`` options name (ValueError out of vLLM's bounds)."""
+    return SuffixSettings(depth=args.suffix_depth, k=args.suffix_k, spec_factor=args.suffix_spec_factor,
+                          min_token_prob=args.suffix_min_token_prob, cached_requests=args.suffix_cached_requests)

@@ -26,6 +26,7 @@ from dataclasses import replace
 from samrollout.config import SpeculationConfig
 from samrollout.drafter import DraftPolicy
 from samrollout.replay.drafters import SamGoodputReplayDrafter, SamRefDrafter, SamReplayDrafter
+from samrollout.replay.peers import SuffixSettings
 from samrollout.replay.protocol import ReplayDrafter
 
 DEFAULT_DRAFTERS = ("sam", "sam-group", "sam-ref", "ngram", "suffix", "suffix-cache")
@@ -61,9 +62,10 @@ def engine_threshold(name: str) -> int | None:
 
 
 def make_drafter(name: str, vocab_size: int, policy: DraftPolicy | None = None,
-                 confident_match: int = ENGINE.confident_match) -> ReplayDrafter:
+                 confident_match: int = ENGINE.confident_match, suffix: SuffixSettings | None = None) -> ReplayDrafter:
     """Build a drafter by name; raises ValueError for unknown names, RuntimeError if unavailable here.
-    ``confident_match``: our drafters' `SpeculationConfig.confident_match` (past the threshold)."""
+    ``confident_match``: our drafters' `SpeculationConfig.confident_match` (past the threshold); ``suffix``:
+    the `suffix` drafters' settings (default: vLLM's)."""
     if name == ORACLE:
         raise ValueError("the oracle is not a drafter: it is reported on its own (see --oracle-sources)")
     if name == "sam":
@@ -95,7 +97,7 @@ def make_drafter(name: str, vocab_size: int, policy: DraftPolicy | None = None,
         reason = suffix_unavailable_reason()
         if reason is not None:
             raise RuntimeError(f"{name}: {reason}")
-        return SuffixDrafter(global_cache=name == "suffix-cache")
+        return SuffixDrafter(global_cache=name == "suffix-cache", settings=suffix or SuffixSettings())
     known = ", ".join([*DEFAULT_DRAFTERS, "sam-history", "sam-global", *ADAPTIVE])
     raise ValueError(f"unknown drafter {name!r}; known: {known}")
 
@@ -111,6 +113,7 @@ def make_source(name: str, vocab_size: int, policy: DraftPolicy | None = None) -
 
 
 def factory(name: str, vocab_size: int, policy: DraftPolicy | None = None,
-            confident_match: int = ENGINE.confident_match) -> Callable[[], ReplayDrafter]:
+            confident_match: int = ENGINE.confident_match,
+            suffix: SuffixSettings | None = None) -> Callable[[], ReplayDrafter]:
     """A zero-argument constructor (fresh state per measurement)."""
-    return lambda: make_drafter(name, vocab_size, policy, confident_match)
+    return lambda: make_drafter(name, vocab_size, policy, confident_match, suffix)

@@ -5,12 +5,18 @@ Replays real responses (at their real lengths) as one synchronous rollout per se
 `samrollout.sim.cost`), for each mode:
 
 - ``off``: no speculation;
-- ``suffix``: vLLM's SuffixDecoding at its defaults (global cache on, k 24, every step);
-  ``suffix-kN``: the same at k = N; ``suffix-nocache``: its global tree off;
+- ``suffix``: vLLM's SuffixDecoding as the ``--suffix-*`` options set it, vLLM 0.32's defaults unless given
+  (global cache of 10,000 requests, depth 24, k = the depth, spec factor 1, min_token_prob 0.1, every step);
+  ``suffix-kN``: the same at k = N; ``-dN``: depth N; ``-fN``: spec factor N; ``-nN``: N cached requests;
+  ``suffix-nocache``: its global tree off; ``suffix-best``: the fastest of the grid depth {24, 64} x k
+  {8, 16, 32} x spec factor {1, 2} with 100,000 cached requests (`samrollout.sim.suffix_best`; every point
+  is simulated, the winner reported with its ``setting``);
 - ``ngram``: vLLM's n-gram at k 3 (vLLM has no default k); ``ngram-kN``;
 - ``samrollout``: ours at the server's defaults for the cost table's device kind (`ServerSettings`: the
-  adaptive policy); ``samrollout-aN``: its longest draft N; ``samrollout-pN.W``: the N longest-running rows
-  weigh W (critical path);
+  adaptive policy), its step-cost prior as ``--cost-prior`` says; ``@table``, ``@line``, ``@wrong-table``
+  or ``@auto`` at the end of a mode name picks ours' prior for that mode (`samrollout.sim.priors`);
+  ``samrollout-aN``: its longest draft N; ``samrollout-pN.W``: the N longest-running rows weigh W (critical
+  path);
 - ``samrollout-static``: ours with the static threshold and its knobs at their defaults for the device kind
   (the server's defaults until the adaptive policy); ``samrollout-static-kN``: N tokens up to the threshold;
   ``-tN``: threshold N; ``-cN``: confident drafts from matches of N+ tokens (0: none past the threshold);
@@ -36,6 +42,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from samrollout.config import DEVICE_KINDS, DeviceKind, SpeculationConfig, checked_draft_range
+from samrollout.replay.peers import SuffixSettings, add_suffix_flags, suffix_from_args
 from samrollout.replay.protocol import ReplayDrafter
 from samrollout.replay.traces import (
     TraceError,
@@ -47,14 +54,18 @@ from samrollout.replay.traces import (
     vocab_size,
 )
 from samrollout.server.settings import SCHEDULING_POLICIES, SchedulingPolicy
+from samrollout.sim import suffix_best
 from samrollout.sim.cost import CostTable
+from samrollout.sim.priors import COST_PRIORS, prior_path
 from samrollout.sim.rollout import SimResult, SimSettings, simulate
 
 DEFAULT_MODES = "off,ngram,suffix,samrollout-static,samrollout,samrollout+fcfs"
-_MODE = re.compile(r"^(off|ngram|suffix|suffix-nocache|samrollout-static|samrollout)((?:-[ktcsma]\d+|-[rp]\d+\.\d+)*)"
+_MODE = re.compile(r"^(off|ngram|suffix|suffix-nocache|samrollout-static|samrollout)"
+                   r"((?:-[ktcsmadfn]\d+|-[rp]\d+\.\d+)*)"
                    rf"(\+(?:{'|'.join(map(re.escape, SCHEDULING_POLICIES))}))?$")
-ModePlan = tuple[str, int, SpeculationConfig | None, SchedulingPolicy]
-"""A mode's (drafter kind, k, our config or None, scheduling)."""
+ModePlan = tuple[str, int, SpeculationConfig | SuffixSettings | None, SchedulingPolicy]
+"""A mode's (drafter kind, k, our config, or vLLM suffix's settings, or None, scheduling)."""
+_PRIOR = re.compile(rf"@({'|'.join(map(re.escape, COST_PRIORS))})$")
 _DIVIDED = re.compile(r"\+divided(\d+)?$")
 DIVIDE_AFTER_TOKENS = 1024  # "+divided": the client's divide_after_tokens for the projection
 
@@ -95,6 +106,7 @@ def add_simulate_parser(commands: Any) -> None:
                         "against a reference: its drafter_time_scale)")
     p.add_argument("--json", help="write every result to this JSON file")
     p.add_argument("--plot", help="write a PNG of unfinished responses over time per mode")
+    add_mode_flags(p)
     p.set_defaults(run=run)
 
 
@@ -105,8 +117,12 @@ def device_kind_of(args: argparse.Namespace, cost: CostTable) -> DeviceKind:
     return "cuda" if cost.device.startswith("cuda") else "npu" if cost.device.startswith("npu") else "cpu"
 
 
-def mode_settings(name: str, device_kind: DeviceKind) -> ModePlan:
-    """(drafter kind, k, our config or None, scheduling) of a mode name; ValueError for unknown names."""
+def mode_settings(name: str, device_kind: DeviceKind, suffix: SuffixSettings | None = None,
+                  cost_prior: str = "auto", cost_path: str | None = None) -> ModePlan:
+    """(drafter kind, k, our config or suffix's settings or None, scheduling) of a mode name (ValueError: unknown).
+    ``suffix``: a bare ``suffix``'s settings (default vLLM's); ``cost_prior``: ours' (`samrollout.sim.priors`)
+    unless the name ends in ``@<prior>``; ``cost_path``: the simulator's table (table, wrong-table)."""
+    name, named_prior = _split_prior(name)
     match = _MODE.match(_DIVIDED.sub("", name))
     if match is None:
         raise ValueError(f"unknown mode {name!r}: see `samrollout simulate --help`")
@@ -117,10 +133,8 @@ def mode_settings(name: str, device_kind: DeviceKind) -> ModePlan:
     critical = [tuple(int(x) for x in opt[1:].split(".")) for opt in parts if opt[0] == "p"]
     draft_range = tuple((int(a), int(b)) for a, b in (opt[1:].split(".") for opt in parts if opt[0] == "r"))
     if base in ("suffix", "suffix-nocache"):
-        from samrollout.replay.registry import VLLM_SUFFIX_DEFAULT_K
-
-        return base, values.get("k", VLLM_SUFFIX_DEFAULT_K), None, scheduling
-    if base == "ngram":
+        return suffix_plan(name, base, values, suffix or SuffixSettings(), scheduling)
+    if (cost_prior := _ours_prior(name, base, values, named_prior, cost_prior)) and base == "ngram":
         return base, values.get("k", SpeculationConfig.k), None, scheduling
     if base == "off":
         return base, 1, None, scheduling
@@ -129,6 +143,7 @@ def mode_settings(name: str, device_kind: DeviceKind) -> ModePlan:
     server = ServerSettings.model_validate({"threshold_mode": "static"} if base == "samrollout-static" else {})
     config = server.speculation_config(device_kind)
     assert config is not None
+    config = _with_prior(config, cost_prior, cost_path, device_kind)
     scheduling = cast(SchedulingPolicy, order[1:]) if order else server.rollout_scheduling
     if config.threshold_mode == "adaptive":
         if "a" in values:
@@ -164,7 +179,47 @@ def mode_settings(name: str, device_kind: DeviceKind) -> ModePlan:
     return base, config.largest_draft(), config, scheduling
 
 
-def drafter_factory(kind: str, vocab: int, config: SpeculationConfig | None,
+def _split_prior(name: str) -> tuple[str, str | None]:
+    """A mode name without its ``@<prior>`` suffix, and that prior (None: none named)."""
+    match = _PRIOR.search(name)
+    return (name, None) if match is None else (name[:match.start()], match.group(1))
+
+
+def _ours_prior(name: str, base: str, values: dict[str, int], named: str | None, default: str) -> str:
+    """The prior a mode of ours (or off, ngram) runs with; ValueError for suffix's options on them."""
+    if "d" in values or "f" in values or "n" in values:
+        raise ValueError(f"mode {name!r}: -dN, -fN and -nN are suffix's (depth, spec factor, cached requests)")
+    if named is not None and not base.startswith("samrollout"):
+        raise ValueError(f"mode {name!r}: @prior is ours' (the adaptive policy's step-cost prior)")
+    return default if named is None else named
+
+
+def _with_prior(config: SpeculationConfig, cost_prior: str, cost_path: str | None,
+                device_kind: DeviceKind) -> SpeculationConfig:
+    """Ours' config with the step-cost prior a prior name means (`samrollout.sim.priors`; auto: as it is)."""
+    if cost_prior == "auto":
+        return config
+    if cost_path is None and cost_prior != "line":
+        raise ValueError(f"cost prior {cost_prior!r} needs the simulator's cost table")
+    return replace(config, cost_prior=prior_path(cost_prior, cost_path or "", device_kind))
+
+
+def suffix_plan(name: str, base: str, values: dict[str, int], suffix: SuffixSettings,
+                scheduling: SchedulingPolicy) -> ModePlan:
+    """vLLM `suffix`'s plan: ``suffix``'s settings with the name's ``-dN`` (depth), ``-kN``, ``-fN`` (spec
+    factor) and ``-nN`` (cached requests) applied; k, when neither names it, the depth (as vLLM sets it)."""
+    unused = sorted(set(values) - {"d", "k", "f", "n"})
+    if unused:
+        raise ValueError(f"mode {name!r}: options {unused} are not suffix's (-dN depth, -kN, -fN spec factor, "
+                         f"-nN cached requests)")
+    depth = values.get("d", suffix.depth)
+    k = values.get("k", suffix.k if "d" not in values else None)
+    settings = replace(suffix, depth=depth, k=k, spec_factor=float(values.get("f", suffix.spec_factor)),
+                       cached_requests=values.get("n", suffix.cached_requests))
+    return base, settings.num_speculative_tokens, settings, scheduling
+
+
+def drafter_factory(kind: str, vocab: int, config: SpeculationConfig | SuffixSettings | None,
                     device_kind: DeviceKind) -> Callable[[], ReplayDrafter] | None:
     """A fresh drafter per instance for a mode (None: no speculation)."""
     if kind == "off":
@@ -172,12 +227,14 @@ def drafter_factory(kind: str, vocab: int, config: SpeculationConfig | None,
     if kind.startswith("samrollout"):
         from samrollout.replay.drafters import SamReplayDrafter
 
-        assert config is not None
-        return lambda: SamReplayDrafter.as_engine("samrollout", vocab, config, on_cpu=device_kind == "cpu")
+        assert isinstance(config, SpeculationConfig)
+        ours = config
+        return lambda: SamReplayDrafter.as_engine("samrollout", vocab, ours, on_cpu=device_kind == "cpu")
     from samrollout.replay.registry import make_drafter
 
     name = {"suffix": "suffix-cache", "suffix-nocache": "suffix", "ngram": "ngram"}[kind]
-    return lambda: make_drafter(name, vocab)
+    suffix = config if isinstance(config, SuffixSettings) else None
+    return lambda: make_drafter(name, vocab, suffix=suffix)
 
 
 def _ints(text: str) -> list[int]:
@@ -192,7 +249,7 @@ def run(args: argparse.Namespace) -> int:
         cost = CostTable.load(args.cost)
         device_kind = device_kind_of(args, cost)
         modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-        plans = {m: mode_settings(m, device_kind) for m in modes}
+        plans = mode_plans(args, modes, device_kind)
         files = {path: load_traces(path, args.tokenizer, args.max_groups) for path in split_paths(args.traces)}
     except (TraceError, ValueError, OSError) as error:
         print(f"samrollout simulate: {error}", file=sys.stderr)
@@ -209,11 +266,33 @@ def run(args: argparse.Namespace) -> int:
                                            charge_drafter=not args.no_drafter_time,
                                            drafter_time_scale=args.drafter_time_scale)
                     projections.append(project(path, which, groups, earlier, settings, plans, vocab, cost,
-                                               device_kind))
+                                               device_kind, bests=[m for m in modes if is_best(m)]))
                     write_report(args, cost, device_kind, projections)  # after each projection: a long run keeps them
     if args.plot:
         write_plot(args.plot, projections)
     return 0
+
+
+def is_best(mode: str) -> bool:
+    """Whether a mode name is ``suffix-best[+scheduling]`` (the grid's best, `samrollout.sim.suffix_best`)."""
+    return mode.split("+")[0] == suffix_best.BEST
+
+
+def mode_plans(args: argparse.Namespace, modes: list[str], device_kind: DeviceKind) -> dict[str, ModePlan]:
+    """Every mode's plan, ``suffix-best`` expanded into its grid, the ``--suffix-*`` and ``--cost-prior``
+    options applied (ValueError names a bad mode or setting)."""
+    suffix = suffix_from_args(args)
+    return {m: mode_settings(m, device_kind, suffix, args.cost_prior, args.cost) for m in suffix_best.expand(modes)}
+
+
+def add_mode_flags(p: Any) -> None:
+    """The options that say what the modes mean: vLLM suffix's settings and ours' step-cost prior."""
+    add_suffix_flags(p)
+    p.add_argument("--cost-prior", choices=COST_PRIORS, default="auto",
+                   help="ours' step-cost prior: auto (the server's default for the device kind), table (the "
+                        "simulator's own table: the prior is the truth), line (the generic line a device with "
+                        "no table gets), wrong-table (the table with draft tokens 2x costlier); a mode's "
+                        "@<prior> suffix overrides it (default auto)")
 
 
 def write_report(args: argparse.Namespace, cost: CostTable, device_kind: DeviceKind,
@@ -229,8 +308,9 @@ def write_report(args: argparse.Namespace, cost: CostTable, device_kind: DeviceK
 
 def project(path: str, which: str, groups: list[TraceGroup], earlier: list[Any], settings: SimSettings,
             plans: dict[str, ModePlan], vocab: int, cost: CostTable,
-            device_kind: DeviceKind) -> dict[str, Any]:
-    """One projection (a file, filter, slots and instances): every mode simulated, printed as a table."""
+            device_kind: DeviceKind, bests: list[str] | None = None) -> dict[str, Any]:
+    """One projection (a file, filter, slots and instances): every mode simulated, printed as a table;
+    each of ``bests`` (``suffix-best[+scheduling]``) reported as its grid's shortest makespan, with its setting."""
     results: dict[str, SimResult] = {}
     seconds: dict[str, float] = {}
     for mode, (kind, k, config, scheduling) in plans.items():
@@ -239,6 +319,11 @@ def project(path: str, which: str, groups: list[TraceGroup], earlier: list[Any],
                                  replace(settings, scheduling=scheduling, divide_after_tokens=divided_after(mode)),
                                  mode, earlier)
         seconds[mode] = time.perf_counter() - started
+    plans = dict(plans)
+    winners: dict[str, str] = {}
+    for name in bests or []:
+        winners[name] = suffix_best.best(suffix_best.grid_of(name, results), lambda m: -results[m].makespan_s)
+        results[name], plans[name], seconds[name] = results[winners[name]], plans[winners[name]], 0.0
     responses = sum(len(g.responses) for g in groups)
     print(f"\n== {path} ({which}: {responses} responses in {len(groups)} groups), {settings.slots} slots x "
           f"{settings.instances} instance(s), KV {settings.kv_tokens or 'unlimited'} tokens")
@@ -246,11 +331,12 @@ def project(path: str, which: str, groups: list[TraceGroup], earlier: list[Any],
     return {"traces": path, "responses": which, "slots": settings.slots, "instances": settings.instances,
             "kv_tokens": settings.kv_tokens, "response_count": responses, "groups": len(groups),
             "modes": {mode: {**result.as_dict(), "k": plans[mode][1], "scheduling": plans[mode][3],
-                             "config": _config_json(plans[mode][2]), "simulation_wall_s": seconds[mode]}
+                             "config": _config_json(plans[mode][2]), "simulation_wall_s": seconds[mode],
+                             **({"setting": winners[mode]} if mode in winners else {})}
                       for mode, result in results.items()}}
 
 
-def _config_json(config: SpeculationConfig | None) -> dict[str, Any] | None:
+def _config_json(config: SpeculationConfig | SuffixSettings | None) -> dict[str, Any] | None:
     return None if config is None else config.to_json()
 
 

@@ -10,11 +10,12 @@ running sequence preempted while the KV cache exceeds the budget.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
-from typing import Protocol
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from samrollout.replay.simulate import accepted_length
 from samrollout.sim.cost import CostTable
+from samrollout.sim.priors import FIT_EVERY_STEPS, fit_sample
 from samrollout.sim.state import SimInstance, SimSequence, SimSettings
 
 
@@ -41,6 +42,7 @@ class EngineCounters:
     accepted: int = 0
     preemptions: int = 0
     drafter_s: float = 0.0
+    step_cost_fit: list[dict[str, Any]] = field(default_factory=list)  # ours' step-cost fit, sampled (sim.priors)
 
     @property
     def mean_acceptance_length(self) -> float:
@@ -78,6 +80,11 @@ def advance(instance: SimInstance, settings: SimSettings, cost: CostTable, admis
     counters.drafter_s += drafter_seconds
     instance.clock += drafter_seconds * settings.drafter_time_scale if settings.charge_drafter else 0.0
     counters.steps += 1
+    if counters.steps % FIT_EVERY_STEPS == 0 and decoding:
+        sample = fit_sample(instance.drafter, cost, len(decoding), sum(s.context for s in decoding) / len(decoding),
+                            instance.clock)
+        if sample is not None:
+            counters.step_cost_fit.append(sample)
     finished = _finish(instance, admission)
     _preempt(instance, settings.kv_tokens, counters)
     return finished

@@ -21,12 +21,32 @@ import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
+from itertools import product
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from samrollout.config import DEVICE_KINDS, DeviceKind
-from samrollout.replay.traces import TraceError, load_traces, response_filters, select, split_paths, vocab_size
-from samrollout.sim.command import ModePlan, device_kind_of, drafter_factory, mode_settings, write_report
+from samrollout.replay.traces import (
+    TraceError,
+    TraceGroup,
+    load_traces,
+    response_filters,
+    select,
+    split_paths,
+    vocab_size,
+)
+from samrollout.sim import suffix_best
+from samrollout.sim.command import (
+    ModePlan,
+    add_mode_flags,
+    device_kind_of,
+    drafter_factory,
+    is_best,
+    mode_plans,
+    write_report,
+)
 from samrollout.sim.cost import CostTable
 from samrollout.sim.rl_loop import (
     SIM_PLACEMENTS,
@@ -38,6 +58,7 @@ from samrollout.sim.rl_loop import (
     groups_sent,
     simulate_loop,
 )
+from samrollout.sim.rollout import simulate
 from samrollout.sim.state import SimSettings
 from samrollout_client.rollout_rules import DEFAULT_MAX_STALENESS, LOOP_SHORT_NAMES, concurrent_groups
 
@@ -89,7 +110,11 @@ def add_simulate_rl_parser(commands: Any) -> None:
                         "CPU twice as fast; bench/host_speed.py measures this host against a reference)")
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
                    help="simulations run side by side, one process each (default: one per CPU)")
+    p.add_argument("--seeds", default="0",
+                   help="stream orders, comma-separated: seed 0 visits the prompts in file order in the first epoch, "
+                        "a seed N > 0 in an order of its own; later epochs reshuffle by the seed (default 0)")
     p.add_argument("--json", help="write every projection to this JSON file")
+    add_mode_flags(p)
     p.set_defaults(run=run)
 
 
@@ -106,7 +131,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         cost = CostTable.load(args.cost)
         device_kind = device_kind_of(args, cost)
-        drafters = {m: mode_settings(m, device_kind) for m in _split(args.drafters)}
+        drafters = mode_plans(args, [m for m in _split(args.drafters) if not is_best(m)], device_kind)
+        bests = [m for m in _split(args.drafters) if is_best(m)]
+        grid = mode_plans(args, bests, device_kind)
         loops: list[str] = [LOOP_SHORT_NAMES[name] for name in _split(args.loops)]
         placements = _split(args.placements)
         transfers = _split(args.weights)
@@ -126,26 +153,75 @@ def run(args: argparse.Namespace) -> int:
     filters = response_filters(args.responses)
     projections: list[dict[str, Any]] = []
     for path, loaded in files.items():
-        vocab = vocab_size(loaded)
         for which in filters:
-            groups = select(loaded, which, [])
-            stream = epoch_stream(groups, args.epochs)
-            for instances in map(int, _split(args.instances)):
-                for slots in map(int, _split(args.slots)):
-                    for transfer in transfers:
-                        for scale in map(float, _split(args.drafter_time_scale)):
-                            sim = SimSettings(slots=slots, kv_tokens=args.kv_tokens, instances=instances,
-                                              charge_drafter=scale > 0, drafter_time_scale=scale)
-                            updates = UpdateCosts(checkpoint_bytes=args.checkpoint_gb * 1e9, transfer=transfer,  # type: ignore[arg-type]
-                                                  link_gbit_s=args.link_gbit, disk_gbyte_s=args.disk_gbyte_s,
-                                                  load_gbyte_s=args.load_gbyte_s, kv=args.kv)
-                            shape = {"traces": path, "responses": which, "instances": instances, "slots": slots,
-                                     "weights": transfer, "drafter_time_scale": scale, "epochs": args.epochs,
-                                     "prompts": len(groups), "stream_groups": len(stream)}
-                            projections += project(args, shape, stream, sim, updates, loops, drafters, placements,
-                                                   vocab, cost, device_kind)
-                            write_report(args, cost, device_kind, projections)
+            for seed in map(int, _split(args.seeds)):
+                groups = _ordered(select(loaded, which, []), seed)
+                stream = epoch_stream(groups, args.epochs, shuffle_seed=seed)
+                for instances, slots, transfer, scale in product(map(int, _split(args.instances)),
+                                                                 map(int, _split(args.slots)), transfers,
+                                                                 map(float, _split(args.drafter_time_scale))):
+                    sim = SimSettings(slots=slots, kv_tokens=args.kv_tokens, instances=instances,
+                                      charge_drafter=scale > 0, drafter_time_scale=scale)
+                    updates = UpdateCosts(checkpoint_bytes=args.checkpoint_gb * 1e9, transfer=transfer,  # type: ignore[arg-type]
+                                          link_gbit_s=args.link_gbit, disk_gbyte_s=args.disk_gbyte_s,
+                                          load_gbyte_s=args.load_gbyte_s, kv=args.kv)
+                    shape = {"traces": path, "responses": which, "instances": instances, "slots": slots,
+                             "weights": transfer, "drafter_time_scale": scale, "epochs": args.epochs,
+                             "prompts": len(groups), "stream_groups": len(stream), "seed": seed,
+                             "cost_prior": args.cost_prior}
+                    vocab = vocab_size(loaded)
+                    picked = pick_best(args, bests, grid, stream, sim, vocab, cost, device_kind)
+                    shape["suffix_best"] = {name: choice for name, (choice, _) in picked.items()}
+                    plans = {**drafters, **{name: plan for name, (_, plan) in picked.items()}}
+                    projections += project(args, shape, stream, sim, updates, loops, plans, placements,
+                                           vocab, cost, device_kind)
+                    write_report(args, cost, device_kind, projections)
     return 0
+
+
+def _ordered(groups: list[TraceGroup], seed: int) -> list[TraceGroup]:
+    """The prompts in the order stream ``seed`` visits them first: the file's (seed 0) or a seeded permutation."""
+    if seed == 0:
+        return groups
+    order = np.random.default_rng(1000 + seed).permutation(len(groups))
+    return [groups[i] for i in order]
+
+
+def pick_best(args: argparse.Namespace, bests: list[str], grid: dict[str, ModePlan], stream: list[LoopGroup],
+              sim: SimSettings, vocab: int, cost: CostTable, device_kind: DeviceKind
+              ) -> dict[str, tuple[dict[str, Any], ModePlan]]:
+    """Each ``suffix-best[+scheduling]``'s winner, picked in the cheaper mode: one synchronous rollout
+    (`samrollout simulate`) of the stream's first two trainer steps' groups, on the projection's
+    instances and slots, drafter time not charged, for every point of the grid (`samrollout.sim.suffix_best`);
+    the highest tokens/s wins.  Returns per name the choice (setting, tokens/s per point) and the winner's plan."""
+    batch = args.batch_groups or len({g.prompt_index for g in stream})
+    first = [TraceGroup(f"{g.prompt_index}/{g.epoch}", g.prompt, list(g.responses)) for g in stream[:2 * batch]]
+    quick = replace(sim, charge_drafter=False)
+    out: dict[str, tuple[dict[str, Any], ModePlan]] = {}
+    for name in bests:
+        modes = suffix_best.grid_of(name, grid)
+        tasks = [(first, grid[mode], mode, quick, vocab, cost, device_kind) for mode in modes]
+        if args.jobs > 1:
+            with ProcessPoolExecutor(max_workers=min(args.jobs, len(tasks))) as pool:
+                rates = dict(zip(modes, pool.map(_quick_rate, tasks), strict=True))
+        else:
+            rates = dict(zip(modes, map(_quick_rate, tasks), strict=True))
+        winner = suffix_best.best(rates, rates.__getitem__)
+        config = grid[winner][2]
+        out[name] = ({"mode": winner, "setting": config.to_json() if config is not None else None,
+                      "picked_by": f"one synchronous rollout of the stream's first {len(first)} groups (two "
+                                   f"trainer steps), drafter time not charged: tokens/s", "tokens_per_s": rates},
+                     grid[winner])
+        print(f"{name}: {winner} ({rates[winner]:.0f} tok/s in the quick rollout)", flush=True)
+    return out
+
+
+def _quick_rate(task: tuple[list[TraceGroup], ModePlan, str, SimSettings, int, CostTable, DeviceKind]) -> float:
+    """One grid point's tokens/s in `pick_best`'s quick rollout (picklable: it runs in a worker process)."""
+    groups, (kind, k, config, scheduling), mode, sim, vocab, cost, device_kind = task
+    result = simulate(groups, drafter_factory(kind, vocab, config, device_kind), k, cost,
+                      replace(sim, scheduling=scheduling), mode)
+    return result.tokens / result.makespan_s if result.makespan_s else 0.0
 
 
 @dataclass(frozen=True)

@@ -47,6 +47,7 @@ from samrollout.replay.traces import TraceGroup
 from samrollout.sim.admission import Admission
 from samrollout.sim.cost import CostTable
 from samrollout.sim.engine_step import EngineCounters, advance
+from samrollout.sim.priors import fit_summary
 from samrollout.sim.state import SimInstance, SimSequence, SimSettings
 from samrollout_client.placement import GroupDemand, LengthHistory, place_groups, placement_policy
 from samrollout_client.rollout_rules import (
@@ -196,6 +197,7 @@ class LoopResult(EngineCounters):
                 "steady": {"samples_per_s": self.steady_samples_per_s, "tokens_per_s": self.steady_tokens_per_s,
                            "steps": max(0, len(self.step_end_s) - 1)},
                 "steady_samples_per_s": self.steady_samples_per_s,
+                "step_cost_fit": fit_summary(self.step_cost_fit),
                 "samples": self.samples, "wall_s": self.wall_s, "step_end_s": self.step_end_s,
                 "step_samples": self.step_samples, "step_tokens": self.step_tokens,
                 "useful_tokens": self.useful_tokens, "discarded_tokens": self.discarded_tokens,

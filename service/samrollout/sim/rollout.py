@@ -37,6 +37,7 @@ from samrollout.replay.traces import TraceGroup
 from samrollout.sim.admission import Admission
 from samrollout.sim.cost import CostTable
 from samrollout.sim.engine_step import EngineCounters, advance
+from samrollout.sim.priors import fit_summary
 from samrollout.sim.state import SimInstance, SimSequence, SimSettings
 from samrollout_client.placement import GroupDemand, LeastOutstandingPlacement, least_loaded, place_groups
 from samrollout_client.rollout_rules import MAX_MOVES, may_take_over
@@ -66,7 +67,7 @@ class SimResult(EngineCounters):
                 "drafted_acceptance_length": self.drafted_acceptance_length, "drafted": self.drafted,
                 "accepted": self.accepted, "acceptance_rate": self.accepted / self.drafted if self.drafted else 0.0,
                 "preemptions": self.preemptions, "moves": self.moves, "drafter_s": self.drafter_s,
-                "critical": self.critical,
+                "critical": self.critical, "step_cost_fit": fit_summary(self.step_cost_fit),
                 "timeline": [[round(t, 4), n] for t, n in _downsample(self.timeline, TIMELINE_POINTS)]}
 
 
