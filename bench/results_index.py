@@ -28,6 +28,19 @@ PAGES = [*sorted(ROOT.glob("docs/*.md")), ROOT / "README.md"]
 
 # The files the docs' current claims rest on, and what each shows; a plot is listed with its JSON (`plot_of`).
 CURRENT = {
+    "replay-gap-skyt1-clean-k3-4groups.json": "where sam-adaptive's extra steps over oracle(own+group) fall, by "
+                                              "response position (Sky-T1 clean, 4 groups, k = 3; bench/replay_gap.py)",
+    "replay-r1distill-k16-adaptive.json": "replay at equal k = 16, every round, R1-distill: sam-adaptive and "
+                                          "sam-counted against sam-group, suffix-cache and oracle(own+group)",
+    "replay-r1distill-k3-adaptive.json": "replay at equal k = 3, every round, R1-distill: sam-adaptive and "
+                                         "sam-counted against sam-group, suffix-cache and oracle(own+group)",
+    "replay-skyt1-all-3groups-k3-adaptive.json": "replay at equal k = 3, every round, Sky-T1 all responses, first 3 "
+                                                 "groups: the adaptive drafters against sam-group and the oracle",
+    "replay-skyt1-clean-10groups-k16-adaptive.json": "replay at equal k = 16, every round, "
+                                                     "Sky-T1 clean, first 10 groups: the adaptive drafters "
+                                                     "against sam-group, suffix-cache and the oracle",
+    "replay-skyt1-clean-k3-adaptive.log": "the log of the full Sky-T1 clean k = 3 adaptive replay (stopped before "
+                                          "its JSON was written)",
     "cpu-engine-vs-peers.json": "the CPU engine: the default against no speculation, vLLM `suffix` and the static "
                                 "mode, greedy and sampled",
     "engine-cost-cpu.json": "the CPU engine's cost table, measured through the engine (the simulator's calibration)",
