@@ -51,6 +51,11 @@ class StepShape(Protocol):
         """Seconds for each total of tokens verified (each >= rows), at mean context ``context``."""
         ...
 
+    @property
+    def draft_weight(self) -> float:
+        """The drafts' weight v the online fit starts from where it has not yet measured drafts."""
+        ...
+
 
 @dataclass(frozen=True)
 class LinearShape:
@@ -83,6 +88,7 @@ class TableShape:
 
     table: CostTableLike
     context_step: int = 256
+    draft_weight: float = 1.0  # a measured table's draft slope is the device's: the fit starts from it
     _curves: dict[tuple[int, int], tuple[FloatArray, FloatArray, float]] = field(default_factory=dict, repr=False)
 
     def seconds(self, rows: int, tokens: FloatArray, context: float) -> FloatArray:
@@ -169,7 +175,7 @@ class StepCost:
         octave = self._octave(rows)
         solved = self._solved.get(octave)
         if solved is None:
-            overall = self._overall.solve((1.0, 0.0, float(getattr(self.shape, "draft_weight", 1.0))))
+            overall = self._overall.solve((1.0, 0.0, self.shape.draft_weight))
             solved = self._solved[octave] = self._by_octave[octave].solve(overall)
         return solved
 
