@@ -134,7 +134,8 @@ def mode_settings(name: str, device_kind: DeviceKind, suffix: SuffixSettings | N
     draft_range = tuple((int(a), int(b)) for a, b in (opt[1:].split(".") for opt in parts if opt[0] == "r"))
     if base in ("suffix", "suffix-nocache"):
         return suffix_plan(name, base, values, suffix or SuffixSettings(), scheduling)
-    if (cost_prior := _ours_prior(name, base, values, named_prior, cost_prior)) and base == "ngram":
+    cost_prior = _ours_prior(name, base, values, named_prior, cost_prior)
+    if base == "ngram":
         return base, values.get("k", SpeculationConfig.k), None, scheduling
     if base == "off":
         return base, 1, None, scheduling
@@ -145,19 +146,36 @@ def mode_settings(name: str, device_kind: DeviceKind, suffix: SuffixSettings | N
     assert config is not None
     config = _with_prior(config, cost_prior, cost_path, device_kind)
     scheduling = cast(SchedulingPolicy, order[1:]) if order else server.rollout_scheduling
-    if config.threshold_mode == "adaptive":
-        if "a" in values:
-            config = replace(config, max_draft=values["a"])
-        if critical:
-            config = replace(config, critical_rows=critical[-1][0], critical_weight=float(critical[-1][1]))
-        if "s" in values or "m" in values:
-            config = replace(config, policy=replace(
-                config.policy, match_scale=values.get("s", round(config.policy.match_scale * 100)) / 100,
-                min_match_length=values.get("m", config.policy.min_match_length)))
-        unused = sorted(set(values) - {"a", "s", "m"}) + (["r"] if draft_range else [])
-        if unused:
-            raise ValueError(f"mode {name!r}: options {unused} are the static mode's: use samrollout-static-...")
-        return base, config.largest_draft(), config, scheduling
+    options_of = _adaptive_options if config.threshold_mode == "adaptive" else _static_options
+    config = options_of(name, config, values, critical, draft_range)
+    return base, config.largest_draft(), config, scheduling
+
+
+def _with_match_options(config: SpeculationConfig, values: dict[str, int]) -> SpeculationConfig:
+    """A config with a mode name's ``-sN`` (match scale, percent) and ``-mN`` (shortest match) applied."""
+    if "s" not in values and "m" not in values:
+        return config
+    return replace(config, policy=replace(
+        config.policy, match_scale=values.get("s", round(config.policy.match_scale * 100)) / 100,
+        min_match_length=values.get("m", config.policy.min_match_length)))
+
+
+def _adaptive_options(name: str, config: SpeculationConfig, values: dict[str, int],
+                      critical: list[tuple[int, ...]], draft_range: tuple[tuple[int, int], ...]) -> SpeculationConfig:
+    """The adaptive policy's config with a mode name's options (ValueError: a static mode's option)."""
+    if "a" in values:
+        config = replace(config, max_draft=values["a"])
+    if critical:
+        config = replace(config, critical_rows=critical[-1][0], critical_weight=float(critical[-1][1]))
+    unused = sorted(set(values) - {"a", "s", "m"}) + (["r"] if draft_range else [])
+    if unused:
+        raise ValueError(f"mode {name!r}: options {unused} are the static mode's: use samrollout-static-...")
+    return _with_match_options(config, values)
+
+
+def _static_options(name: str, config: SpeculationConfig, values: dict[str, int],
+                    critical: list[tuple[int, ...]], draft_range: tuple[tuple[int, int], ...]) -> SpeculationConfig:
+    """The static gate's config with a mode name's options (ValueError: the adaptive policy's ``-aN``)."""
     if "t" in values:
         config = replace(config, threshold=values["t"],
                          draft_range=None if config.draft_range is None else
@@ -166,17 +184,14 @@ def mode_settings(name: str, device_kind: DeviceKind, suffix: SuffixSettings | N
         config = replace(config, draft_range=((config.threshold, values["k"]),))
     if draft_range:
         config = replace(config, threshold=draft_range[-1][0], draft_range=checked_draft_range(draft_range))
-    if "s" in values or "m" in values:
-        config = replace(config, policy=replace(
-            config.policy, match_scale=values.get("s", round(config.policy.match_scale * 100)) / 100,
-            min_match_length=values.get("m", config.policy.min_match_length)))
+    config = _with_match_options(config, values)
     if "c" in values:
         config = replace(config, confident_match=values["c"])
     if critical:
         config = replace(config, critical_rows=critical[-1][0], critical_k=critical[-1][1])
     if "a" in values:
         raise ValueError(f"mode {name!r}: -aN (longest draft) is the adaptive policy's: use samrollout-aN")
-    return base, config.largest_draft(), config, scheduling
+    return config
 
 
 def _split_prior(name: str) -> tuple[str, str | None]:
