@@ -788,7 +788,7 @@ def test_the_charts_plain_http_peers_are_allowed_explicitly_and_hand_given_ones_
     monkeypatch.delenv("SAMROLLOUT_ALLOW_PLAIN_HTTP_PEERS")
     with pytest.raises(ValueError, match="plain http:// beyond loopback"):
         ServerSettings()  # what the server would say without it
-    with pytest.raises(helm.HelmError, match="server.allowPlainHttpPeers: true"):
+    with pytest.raises(helm.HelmError, match=r"server\.allowPlainHttpPeers: true"):
         render(chart, {"server": {"weightPeers": "http://a:8000"}})
     allowed = render(chart, {"server": {"weightPeers": "http://a:8000", "allowPlainHttpPeers": True}})
     assert allowed.env["SAMROLLOUT_ALLOW_PLAIN_HTTP_PEERS"]["value"] == "true"
