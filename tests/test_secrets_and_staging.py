@@ -148,8 +148,8 @@ def test_the_api_key_on_the_command_line_draws_a_warning() -> None:
 
 
 def test_plain_http_peers_beyond_loopback_with_a_key_are_refused_at_start(tiny_dir: Path, tmp_path: Path) -> None:
-    log = _refused_at_start([*_tiny(tiny_dir), "--api-key-file", str(_key_file()),
-                             "--weight-peers", "http://rollout-1:8000,http://127.0.0.1:9"], tmp_path / "server.log")
+    log = _refused_at_start([*_tiny(tiny_dir), "--weight-peers", "http://rollout-1:8000,http://127.0.0.1:9"],
+                            tmp_path / "server.log", {"SAMROLLOUT_API_KEY": FILE_KEY})
     assert "--weight-peers http://rollout-1:8000: plain http:// beyond loopback" in log, log[-3000:]
     assert "--allow-plain-http-peers" in log and FILE_KEY not in log
 
@@ -192,6 +192,14 @@ def test_a_relayed_file_with_a_bad_name_is_refused_naming_it_and_never_reaches_t
         assert refused.status_code == 400, refused.text
         assert f"bad file name {name!r}" in refused.json()["error"]["message"]
         assert _errors_400(second_tiny_server) == before  # the peer was never asked
+        # The name is checked before anything of the relay: even a hop that is no peer (a 403 for a good name)
+        # gets the 400 naming the file.
+        unknown_hop = httpx.put(f"{tiny_server.url}/admin/weight_uploads/{first['upload_id']}/files/{name}",
+                                content=data, timeout=60,
+                                headers={**AUTH, "X-Content-SHA256": hashlib.sha256(data).hexdigest(),
+                                         RELAY_HEADER: f"{'0' * 16}/{second['upload_id']}"})
+        assert unknown_hop.status_code == 400, unknown_hop.text
+        assert f"bad file name {name!r}" in unknown_hop.json()["error"]["message"]
         shown = httpx.get(f"{second_tiny_server.url}/admin/weight_uploads/{second['upload_id']}", headers=AUTH,
                           timeout=30).json()
         assert shown["files"] == {} and shown["bytes"] == 0
