@@ -176,7 +176,8 @@ class ServerSettings(BaseSettings):
     weight_peers: str = Field(
         "", json_schema_extra=_metavar("URLS"),
         description="the servers this one may pass pushed weight files on to (comma-separated base URLs, e.g. "
-        "http://rollout-1:8000; a name that resolves to several addresses, such as a headless service, stands "
+        "https://rollout-1:8443; with a key, plain http:// beyond loopback needs --allow-plain-http-peers; a name "
+        "that resolves to several addresses, such as a headless service, stands "
         "for each): a push then crosses the trainer's link once, not once per server. Only these are ever "
         "contacted; none: pushes go directly to each server")
     areal_routes: bool = Field(
