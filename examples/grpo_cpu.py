@@ -1,6 +1,6 @@
 """A real GRPO run on a laptop: SmolLM2-135M-Instruct learns arithmetic with samrollout as its generator.
 
-    samrollout serve --api-key secret &      # in another shell; wait for "Application startup complete"
+    SAMROLLOUT_API_KEY=secret samrollout serve &   # another shell; wait for "Application startup complete"
     python examples/grpo_cpu.py --mode sync --steps 30 --api-key secret --out runs/grpo-sync
 
 The policy is the server's own built-in model, loaded here with transformers (float32, CPU).

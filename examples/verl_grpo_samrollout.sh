@@ -2,7 +2,7 @@
 # GRPO in veRL (0.9.x) with samrollout servers as the rollout backend.
 #
 # Before: start the servers on their own machines (any backend: cpu, cuda, ascend), e.g.
-#   samrollout serve --model Qwen/Qwen3-8B --served-model-name policy --api-key "$SAMROLLOUT_API_KEY" --port 8000
+#   samrollout serve --model Qwen/Qwen3-8B --served-model-name policy --api-key-file /etc/samrollout/api-key --port 8000
 # and in the trainer's environment: pip install "samrollout-client[verl]".
 # The servers' addresses go in SAMROLLOUT_URLS (comma-separated); veRL replica r uses URL r mod N.
 # Weights reach the servers over HTTP after every step (no shared disk).

@@ -46,6 +46,8 @@ PROMETHEUS_OPERATOR = "monitoring.coreos.com/v1"
 KUBE_VERSIONS = ("1.27.0", kubernetes_validate.latest_version())
 ASCEND_DRIVER_PATHS = ("/usr/local/Ascend/driver", "/usr/local/dcmi", "/usr/local/bin/npu-smi",
                        "/etc/ascend_install.info")
+# The key of renders that give none (`render`): the chart refuses to render without one.
+RENDER_KEY: dict[str, Any] = {"apiKey": {"value": "render-key"}}
 # Env vars the chart sets beside the server's settings: where the built-in model is converted,
 # and the Hugging Face cache, both on the model volume.
 NON_SETTING_ENV = {"SAMROLLOUT_CACHE", "HF_HOME"}
@@ -123,14 +125,18 @@ def chart() -> Iterator[helm.Chart]:
 
 
 def render(chart: helm.Chart, values: dict[str, Any] | None = None, *, prometheus_operator: bool = False,
-           kube_version: str | None = None) -> Release:
+           kube_version: str | None = None, keyless: bool = False) -> Release:
     """Render like `helm install rollout deploy/helm/samrollout -n rl` (offline), strictly.
+
+    The chart needs an API key (it makes none up): values without ``apiKey`` get `RENDER_KEY`, unless ``keyless``.
 
     ``prometheus_operator``: the cluster serves monitoring.coreos.com/v1 (`--api-versions`).
     helm-python's `Chart.render` has no option for API versions or the Kubernetes version;
     the library's render call it wraps takes both, so it is called directly.
     """
     options: dict[str, Any] = {"name": RELEASE, "namespace": NAMESPACE, "is_install": True, "strict": True}
+    if not keyless and "apiKey" not in (values or {}):
+        values = {**(values or {}), **RENDER_KEY}
     if prometheus_operator:
         options["api_versions"] = [PROMETHEUS_OPERATOR]
     if kube_version:
@@ -198,7 +204,8 @@ def test_chart_metadata_and_app_version_match_the_project() -> None:
 
 @pytest.mark.parametrize("values", [None, *EXAMPLES], ids=["defaults", *EXAMPLES])
 def test_helm_lint_passes_in_strict_mode(values: str | None) -> None:
-    report = helm.lint(CHART_DIR, example(values) if values else None, strict=True, namespace=NAMESPACE,
+    report = helm.lint(CHART_DIR, merged(RENDER_KEY, example(values) if values else {}), strict=True,
+                       namespace=NAMESPACE,
                        kube_version=f"v{KUBE_VERSIONS[0]}")
     # Severity 1 is information (Chart.yaml has no icon); 2 (warning) and 3 (error) fail.
     problems = [m for m in report["messages"] if m["severity"] >= 2]
@@ -344,18 +351,20 @@ def _every_setting(chart: helm.Chart) -> dict[str, Any]:
     """A sample value for every server setting (`_sample`), AReaL's routes on with a port of their own (the chart
     and the server refuse an AReaL port without them)."""
     everything = {name: _sample(prop) for name, prop in _server_schema(chart).items()}
-    return {**everything, "arealRoutes": True, "arealPort": 9001}
+    # The sample peers are plain http: with the chart's key, the chart and the server refuse them unless allowed.
+    return {**everything, "arealRoutes": True, "arealPort": 9001, "allowPlainHttpPeers": True}
 
 
 TRAINER = {"podSelector": {"app": "areal-trainer"}}
 
 
 def test_every_server_setting_is_reachable_from_values(chart: helm.Chart) -> None:
-    """Each ServerSettings field has a chart value that sets its SAMROLLOUT_* variable (api_key through a Secret).
+    """Each ServerSettings field has a chart value that sets its SAMROLLOUT_* variable (api_key through a Secret;
+    api_key_file, the key as a file, has none: the chart gives the key from its Secret).
 
     A new server setting without a chart value (values.yaml, values.schema.json) fails here.
     """
-    fields = set(ServerSettings.model_fields)
+    fields = set(ServerSettings.model_fields) - {"api_key_file"}
     schema = _server_schema(chart)
     defaults = chart.values
     assert {_camel(f) for f in fields - {"api_key"}} == set(schema), "values.schema.json server.* != ServerSettings"
@@ -381,6 +390,8 @@ def test_server_reads_the_settings_the_chart_sets(chart: helm.Chart, monkeypatch
     for field in ServerSettings.model_fields:
         if field == "api_key":
             assert settings.api_key is not None and settings.api_key.get_secret_value() == "sample-key"
+        elif field == "api_key_file":
+            assert settings.api_key_file is None
         else:
             assert getattr(settings, field) == everything[_camel(field)], field
 
@@ -391,14 +402,16 @@ def test_default_values_run_the_server_with_its_own_defaults(chart: helm.Chart,
     environ = _environ(release)
     assert {n for n in environ if n.startswith("SAMROLLOUT_")} - NON_SETTING_ENV == {
         "SAMROLLOUT_HOST", "SAMROLLOUT_PORT", "SAMROLLOUT_TENSOR_PARALLEL_SIZE", "SAMROLLOUT_API_KEY",
-        "SAMROLLOUT_WEIGHT_PEERS"}  # the pods of the headless service (weightFanOut)
+        "SAMROLLOUT_WEIGHT_PEERS",  # the pods of the headless service (weightFanOut), plain http:
+        "SAMROLLOUT_ALLOW_PLAIN_HTTP_PEERS",  # allowed explicitly (the chart has no TLS)
+        "SAMROLLOUT_WEIGHT_STAGING_DIR"}  # a 0700 folder the server makes in the staging emptyDir
     for field in ServerSettings.model_fields:
         monkeypatch.delenv(f"SAMROLLOUT_{field.upper()}", raising=False)
     for name, value in environ.items():
         monkeypatch.setenv(name, value)
     settings = ServerSettings()  # on 0.0.0.0 the server refuses to start without a key: the chart's is there
     assert settings.host == "0.0.0.0" and settings.port == 8000 and settings.tensor_parallel_size == 1
-    assert settings.model is None and settings.api_key is not None  # the built-in model, a generated key
+    assert settings.model is None and settings.api_key is not None  # the built-in model, the release's key
     assert not settings.allow_unauthenticated_admin
     assert environ["SAMROLLOUT_CACHE"] == "/models/cache" and environ["HF_HOME"] == "/models/huggingface"
 
@@ -427,7 +440,7 @@ def test_values_schema_ranges_match_server_settings(chart: helm.Chart) -> None:
     # A container port cannot be 0 (the server's "any free port").
     chart_only = {"port": {"minimum": 1}}
     for field, prop in pydantic_schema.items():
-        if field == "api_key":
+        if field in ("api_key", "api_key_file"):  # the key comes from a Secret (apiKey)
             continue
         expected = {**_bounds(prop), **chart_only.get(field, {})}
         assert _bounds(chart_schema[_camel(field)]) == expected, field
@@ -567,18 +580,23 @@ def test_model_volume_holds_the_model_cache(chart: helm.Chart) -> None:
     assert scratch.volume("models")["emptyDir"] == {"sizeLimit": "50Gi"} and not scratch.all("PersistentVolumeClaim")
 
 
-def test_pushed_weights_are_staged_on_an_emptydir_where_the_server_stages_them(chart: helm.Chart) -> None:
-    # Default: an emptyDir where the server stages by default (the images' temp dir), no setting changed.
+def test_pushed_weights_are_staged_in_a_folder_the_server_makes_private_inside_an_emptydir(chart: helm.Chart) -> None:
+    """An emptyDir is open to every user, which the server refuses as its staging folder: the emptyDir is mounted
+    at a parent, and the staging folder inside it is the server's own (created 0700 at start)."""
     release = render(chart)
-    assert release.volume(release.mount("/tmp/samrollout-weight-uploads")["name"])["emptyDir"] == {}
-    assert "SAMROLLOUT_WEIGHT_STAGING_DIR" not in release.env
-    # A staging dir of one's own: the emptyDir follows it, with a size limit.
+    assert release.volume(release.mount("/staging")["name"])["emptyDir"] == {}
+    assert release.env["SAMROLLOUT_WEIGHT_STAGING_DIR"]["value"] == "/staging/weight-uploads"
+    # A staging dir of one's own: the emptyDir is mounted at its parent, with a size limit.
     placed = render(chart, {"server": {"weightStagingDir": "/scratch/weights"}, "weightStaging": {"sizeLimit": "40Gi"}})
     assert placed.env["SAMROLLOUT_WEIGHT_STAGING_DIR"]["value"] == "/scratch/weights"
-    assert placed.volume(placed.mount("/scratch/weights")["name"])["emptyDir"] == {"sizeLimit": "40Gi"}
-    # Off: staged on the container's own disk.
+    assert placed.volume(placed.mount("/scratch")["name"])["emptyDir"] == {"sizeLimit": "40Gi"}
+    assert "/scratch/weights" not in [mount["mountPath"] for mount in placed.container["volumeMounts"]]
+    with pytest.raises(helm.HelmError, match="mounted at its parent directory, here /"):
+        render(chart, {"server": {"weightStagingDir": "/weights"}})
+    # Off: the server's default, under SAMROLLOUT_CACHE on the model volume.
     off = render(chart, {"weightStaging": {"emptyDir": False}})
     assert "weight-staging" not in [v["name"] for v in off.pod["volumes"]]
+    assert "SAMROLLOUT_WEIGHT_STAGING_DIR" not in off.env
 
 
 def test_probes_check_health_and_allow_a_long_model_load(chart: helm.Chart) -> None:
@@ -632,7 +650,7 @@ def test_pods_are_each_others_weight_peers_through_a_headless_service(chart: hel
         peers = release.env["SAMROLLOUT_WEIGHT_PEERS"]["value"]
         assert peers == f"http://{FULLNAME}-headless.{NAMESPACE}.svc:9000"
         assert parse_peer_urls(peers) == [peers]
-    own = render(chart, {"server": {"weightPeers": "http://a:8000,http://b:8000"}})
+    own = render(chart, {"server": {"weightPeers": "http://a:8000,http://b:8000", "allowPlainHttpPeers": True}})
     assert own.env["SAMROLLOUT_WEIGHT_PEERS"]["value"] == "http://a:8000,http://b:8000"  # set by hand: kept
     off = render(chart, {"weightFanOut": {"enabled": False}})
     assert "SAMROLLOUT_WEIGHT_PEERS" not in off.env
@@ -731,18 +749,54 @@ def test_api_key_comes_from_a_secret(chart: helm.Chart) -> None:
     checksum = release.workload["spec"]["template"]["metadata"]["annotations"]["checksum/api-key"]
     rotated = render(chart, {"apiKey": {"value": "rotated"}})
     assert rotated.workload["spec"]["template"]["metadata"]["annotations"]["checksum/api-key"] != checksum
-    # No key given: the chart generates one into its Secret; the server never runs without a key.
-    release = render(chart)
-    secret = release.one("Secret", f"{FULLNAME}-api-key")
-    generated = base64.b64decode(secret["data"]["api-key"]).decode()
-    assert re.fullmatch(r"[A-Za-z0-9]{48}", generated)
-    assert release.env["SAMROLLOUT_API_KEY"]["valueFrom"]["secretKeyRef"] == {
-        "name": f"{FULLNAME}-api-key", "key": "api-key"}
-    assert "checksum/api-key" not in release.workload["spec"]["template"]["metadata"]["annotations"]
-    assert f"generated one into Secret {FULLNAME}-api-key" in release.notes
     assert "Authorization: Bearer $SAMROLLOUT_API_KEY" in release.notes
-    again = render(chart).one("Secret", f"{FULLNAME}-api-key")  # offline: no Secret to keep, a new key
-    assert base64.b64decode(again["data"]["api-key"]).decode() != generated
+
+
+def test_every_render_gives_the_same_key_and_none_is_made_up(chart: helm.Chart) -> None:
+    """GitOps (`helm template` on every sync): two renders of the same values give the same key reference and the
+    same key; an existing Secret is used as is; with no key given the render fails saying what to set, never a new
+    random key per render (pods and clients would disagree)."""
+    given = {"apiKey": {"existingSecret": "trainer-key", "secretKey": "token"}}
+    first, second = render(chart, given), render(chart, given)
+    assert first.env["SAMROLLOUT_API_KEY"] == second.env["SAMROLLOUT_API_KEY"] == {
+        "name": "SAMROLLOUT_API_KEY", "valueFrom": {"secretKeyRef": {"name": "trainer-key", "key": "token"}}}
+    assert not first.all("Secret") and not second.all("Secret")  # used as is: never copied, never replaced
+    by_value = {"apiKey": {"value": "stable-key"}}
+    one, two = (render(chart, by_value).one("Secret", f"{FULLNAME}-api-key") for _ in range(2))
+    assert one == two and base64.b64decode(one["data"]["api-key"]).decode() == "stable-key"
+    for _ in range(2):
+        with pytest.raises(helm.HelmError) as refused:
+            render(chart, keyless=True)
+        message = str(refused.value)
+        assert "apiKey.existingSecret" in message and "apiKey.value" in message, message
+        assert "helm template" in message and "kubectl create secret generic" in message, message
+
+
+def test_the_charts_plain_http_peers_are_allowed_explicitly_and_hand_given_ones_need_it(
+        chart: helm.Chart, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The chart has no TLS, so its peers (the headless service) are plain http: it sets --allow-plain-http-peers
+    for them, and the server's own settings accept the result; http:// peers given by hand fail the render unless
+    server.allowPlainHttpPeers, https:// ones need nothing."""
+    release = render(chart)
+    assert release.env["SAMROLLOUT_WEIGHT_PEERS"]["value"].startswith("http://")
+    assert release.env["SAMROLLOUT_ALLOW_PLAIN_HTTP_PEERS"]["value"] == "true"
+    for field in ServerSettings.model_fields:
+        monkeypatch.delenv(f"SAMROLLOUT_{field.upper()}", raising=False)
+    for name, value in _environ(release).items():
+        monkeypatch.setenv(name, value)
+    assert ServerSettings().allow_plain_http_peers
+    monkeypatch.delenv("SAMROLLOUT_ALLOW_PLAIN_HTTP_PEERS")
+    with pytest.raises(ValueError, match="plain http:// beyond loopback"):
+        ServerSettings()  # what the server would say without it
+    with pytest.raises(helm.HelmError, match=r"server\.allowPlainHttpPeers: true"):
+        render(chart, {"server": {"weightPeers": "http://a:8000"}})
+    allowed = render(chart, {"server": {"weightPeers": "http://a:8000", "allowPlainHttpPeers": True}})
+    assert allowed.env["SAMROLLOUT_ALLOW_PLAIN_HTTP_PEERS"]["value"] == "true"
+    tls = render(chart, {"server": {"weightPeers": "https://a:8443,https://b:8443"}})
+    assert "SAMROLLOUT_ALLOW_PLAIN_HTTP_PEERS" not in tls.env
+    with pytest.raises(helm.HelmError, match="allowPlainHttpPeers: false refuses"):
+        render(chart, {"server": {"allowPlainHttpPeers": False}})
+    assert "SAMROLLOUT_ALLOW_PLAIN_HTTP_PEERS" not in render(chart, {"weightFanOut": {"enabled": False}}).env
 
 
 def test_notes_tell_how_to_reach_the_api_and_the_dashboard(chart: helm.Chart) -> None:

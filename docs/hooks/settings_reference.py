@@ -15,7 +15,7 @@ from samrollout.server.settings import NOT_FLAGS, ServerSettings, default_text, 
 PAGE = "settings.md"
 MARKER = "<!-- settings-table -->"
 # Settings the chart sets otherwise than as ``server.<camelCase>``, and how.
-HELM_OTHERWISE = {"api_key": "`apiKey` (a Secret)"}
+HELM_OTHERWISE = {"api_key": "`apiKey` (a Secret)", "api_key_file": "`apiKey` (a Secret; no file)"}
 
 
 def helm_value(name: str) -> str:

@@ -16,6 +16,9 @@ from samrollout.server.settings import add_settings_flags, settings_from_args
 from samrollout.server.vllm_compat.vllm_version import UnsupportedVllmError, serving_series
 
 STARTUP_FAILED_EXIT_CODE = 3  # as uvicorn: the engine or the app could not start
+KEY_ON_COMMAND_LINE = ("samrollout serve: warning: --api-key on the command line shows in `ps` (and /proc) to every "
+                       "user of this machine: give --api-key-file FILE (SAMROLLOUT_API_KEY_FILE) or set "
+                       "SAMROLLOUT_API_KEY instead")
 
 
 def add_serve_parser(commands: Any) -> None:
@@ -28,6 +31,8 @@ def add_serve_parser(commands: Any) -> None:
 
 def run_serve(args: argparse.Namespace) -> int:
     """Validate the settings, then run uvicorn until SIGINT/SIGTERM (graceful: in-flight requests drain)."""
+    if hasattr(args, "api_key"):  # given as a flag, not through the environment
+        print(KEY_ON_COMMAND_LINE, file=sys.stderr, flush=True)
     try:
         settings = settings_from_args(args)
         settings.speculation_config("cpu")  # checks them (any device: the engine's own applies at start)

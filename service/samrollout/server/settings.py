@@ -78,7 +78,12 @@ class ServerSettings(BaseSettings):
     port: int = Field(8000, ge=0, le=65535, description="port to listen on (0: any free port)")
     api_key: SecretStr | None = Field(None, min_length=1,
                                       json_schema_extra=_metavar("KEY"),
-        description="when set, /v1 and /admin require `Authorization: Bearer`")
+        description="when set, /v1 and /admin require `Authorization: Bearer`; on the command line it shows in "
+        "`ps`: prefer --api-key-file or the environment variable")
+    api_key_file: str | None = Field(
+        None, min_length=1, json_schema_extra=_metavar("PATH"),
+        description="file holding the API key (its text, surrounding whitespace dropped): the key without showing "
+        "it in `ps`; sets what --api-key sets, so give only one of the two")
     allow_unauthenticated_admin: bool = Field(
         False, description="serve /v1 and /admin without a key on a non-loopback --host (otherwise refused)")
     speculation: bool = Field(True, description="SAM speculative decoding on or off")
@@ -164,10 +169,15 @@ class ServerSettings(BaseSettings):
     max_weight_uploads: int = Field(2, ge=1, le=64, description="weight uploads open at once")
     weight_upload_idle_seconds: float = Field(
         600.0, gt=0.0, description="a weight upload untouched this long is cancelled and its files deleted")
+    allow_plain_http_peers: bool = Field(
+        False, description="with an API key, relay to --weight-peers over plain http:// beyond loopback (otherwise "
+        "refused: every request to a peer carries the key in clear); only on a network that encrypts or that "
+        "nobody else can read")
     weight_peers: str = Field(
         "", json_schema_extra=_metavar("URLS"),
         description="the servers this one may pass pushed weight files on to (comma-separated base URLs, e.g. "
-        "http://rollout-1:8000; a name that resolves to several addresses, such as a headless service, stands "
+        "https://rollout-1:8443; with a key, plain http:// beyond loopback needs --allow-plain-http-peers; a name "
+        "that resolves to several addresses, such as a headless service, stands "
         "for each): a push then crosses the trainer's link once, not once per server. Only these are ever "
         "contacted; none: pushes go directly to each server")
     areal_routes: bool = Field(
@@ -266,6 +276,29 @@ class ServerSettings(BaseSettings):
     def _valid_draft_policy(cls, value: dict[str, Any]) -> dict[str, Any]:
         DraftPolicy.from_dict(value)  # raises ValueError naming the bad field
         return value
+
+    @model_validator(mode="after")
+    def _key_from_its_file(self) -> Self:
+        """``--api-key-file``: the key read from the file (what ``--api-key`` would set), given only once."""
+        if self.api_key_file is None:
+            return self
+        if self.api_key is not None:
+            raise ValueError("both --api-key and --api-key-file are set (or SAMROLLOUT_API_KEY and "
+                             "SAMROLLOUT_API_KEY_FILE): give the key once, preferably as the file")
+        self.api_key = type(self)._usable_api_key(SecretStr(read_key_file(self.api_key_file)))
+        return self
+
+    @model_validator(mode="after")
+    def _key_not_sent_in_clear(self) -> Self:
+        """With a key, peers reached over plain http beyond loopback would carry it in clear: refused unless told."""
+        plain = plain_http_peers(self.weight_peers) if self.api_key is not None else []
+        if plain and not self.allow_plain_http_peers:
+            raise ValueError(
+                f"--weight-peers {', '.join(plain)}: plain http:// beyond loopback, and every request to a peer "
+                "carries the API key in clear (probes every 15 s, relayed files): give the peers as https:// URLs, "
+                "or pass --allow-plain-http-peers (SAMROLLOUT_ALLOW_PLAIN_HTTP_PEERS=true) on a network that "
+                "encrypts (a service mesh with mTLS) or that nobody else can read")
+        return self
 
     @model_validator(mode="after")
     def _no_open_admin_beyond_loopback(self) -> Self:
@@ -414,6 +447,23 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
     if extra:
         given["vllm_args"] = extra
     return ServerSettings(**given)
+
+
+def read_key_file(path: str) -> str:
+    """The API key held by the file ``path`` (surrounding whitespace, such as its final newline, dropped)."""
+    try:
+        key = Path(path).read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as error:
+        raise ValueError(f"--api-key-file {path}: cannot read the key: {error}") from None
+    if not key:
+        raise ValueError(f"--api-key-file {path} is empty: write the key into it (openssl rand -hex 24 > {path})")
+    return key
+
+
+def plain_http_peers(text: str) -> list[str]:
+    """The ``--weight-peers`` reached over plain ``http://`` at an address that is not loopback."""
+    return [url for url in parse_peer_urls(text)
+            if urlsplit(url).scheme == "http" and not is_loopback(urlsplit(url).hostname or "")]
 
 
 def parse_peer_urls(text: str) -> list[str]:

@@ -201,3 +201,44 @@ pods only (by their labels); and its weight loads need a root, unless told other
 {{- fail "server.arealPort serves AReaL's routes: set server.arealRoutes too" }}
 {{- end }}
 {{- end }}
+
+{{/*
+Where the weight-staging emptyDir is mounted: the parent of server.weightStagingDir when set (the server creates
+that directory in it, mode 0700: an emptyDir itself is open to every user, which the server refuses), else
+weightStaging.mountPath.
+*/}}
+{{- define "samrollout.weightStagingMount" -}}
+{{- $dir := get .Values.server "weightStagingDir" }}
+{{- if $dir }}
+{{- $parent := dir (trimSuffix "/" $dir) }}
+{{- if eq $parent "/" }}
+{{- fail (printf "server.weightStagingDir %s: with weightStaging.emptyDir the emptyDir is mounted at its parent directory, here /; give a directory inside another, e.g. /staging/weight-uploads" $dir) }}
+{{- end }}
+{{- $parent }}
+{{- else }}
+{{- trimSuffix "/" .Values.weightStaging.mountPath }}
+{{- end }}
+{{- end }}
+
+{{/*
+"true" when the chart makes the weight peers itself (weightFanOut, server.weightPeers unset) and
+server.allowPlainHttpPeers is unset: they are plain http, so the chart allows that, else "".
+*/}}
+{{- define "samrollout.chartPeersInClear" -}}
+{{- if and .Values.weightFanOut.enabled (not (get .Values.server "weightPeers")) (not (hasKey .Values.server "allowPlainHttpPeers")) }}true{{- end }}
+{{- end }}
+
+{{/*
+Fail the render for weight peers the server would refuse at start: plain http:// peers carry the API key (which
+the chart always sets) in clear, refused unless server.allowPlainHttpPeers is true.
+*/}}
+{{- define "samrollout.checkWeightPeers" -}}
+{{- $peers := get .Values.server "weightPeers" }}
+{{- $allowed := get .Values.server "allowPlainHttpPeers" }}
+{{- if and $peers (contains "http://" $peers) (not $allowed) }}
+{{- fail (printf "server.weightPeers %s: plain http:// peers would carry the API key in clear, which the server refuses: give https:// URLs, or set server.allowPlainHttpPeers: true where the network encrypts (a service mesh with mTLS) or nobody else reads it" $peers) }}
+{{- end }}
+{{- if and .Values.weightFanOut.enabled (not $peers) (hasKey .Values.server "allowPlainHttpPeers") (not $allowed) }}
+{{- fail "weightFanOut makes the pods each other's peers over plain http:// (the chart has no TLS), which server.allowPlainHttpPeers: false refuses: leave it null (the chart then allows it), set weightFanOut.enabled: false, or give server.weightPeers as https:// URLs" }}
+{{- end }}
+{{- end }}

@@ -3,6 +3,7 @@ The pod template shared by the Deployment and the StatefulSet.
 */}}
 {{- define "samrollout.podTemplate" -}}
 {{- include "samrollout.checkArealRoutes" . }}
+{{- include "samrollout.checkWeightPeers" . }}
 {{- $backend := index .Values.backends .Values.backend }}
 {{- $apiKeySecret := include "samrollout.apiKeySecretName" . }}
 {{- $mountPath := .Values.modelVolume.mountPath }}
@@ -97,6 +98,17 @@ spec:
     - name: SAMROLLOUT_WEIGHT_PEERS
       value: {{ printf "http://%s-headless.%s.svc:%d" (include "samrollout.fullname" .) .Release.Namespace (int64 .Values.server.port) | quote }}
     {{- end }}
+    {{- if include "samrollout.chartPeersInClear" . }}
+    # The chart's peers are plain http (the server speaks HTTP, the chart has no TLS): the key crosses the pod
+    # network in clear, which the server refuses unless told (server.allowPlainHttpPeers, docs/security.md).
+    - name: SAMROLLOUT_ALLOW_PLAIN_HTTP_PEERS
+      value: "true"
+    {{- end }}
+    {{- if and .Values.weightStaging.emptyDir (not (get .Values.server "weightStagingDir")) }}
+    # In the emptyDir (open to every user), a directory the server creates itself, mode 0700.
+    - name: SAMROLLOUT_WEIGHT_STAGING_DIR
+      value: {{ printf "%s/weight-uploads" (trimSuffix "/" .Values.weightStaging.mountPath) | quote }}
+    {{- end }}
     - name: SAMROLLOUT_API_KEY
       valueFrom:
         secretKeyRef:
@@ -158,7 +170,7 @@ spec:
       readOnly: {{ .Values.modelVolume.readOnly }}
     {{- if .Values.weightStaging.emptyDir }}
     - name: weight-staging
-      mountPath: {{ get .Values.server "weightStagingDir" | default "/tmp/samrollout-weight-uploads" | quote }}
+      mountPath: {{ include "samrollout.weightStagingMount" . | quote }}
     {{- end }}
     {{- range $backend.hostMounts }}
     - name: {{ .name }}

@@ -24,6 +24,7 @@ from samrollout.server.api.auth import require_api_key
 from samrollout.server.engine.runtime import ServerRuntime
 from samrollout.server.errors import ApiError
 from samrollout.server.weights.weight_relay import parse_relay_header, start_relay
+from samrollout.server.weights.weight_uploads import check_file_name
 from samrollout_client.protocol.modes import InFlight
 from samrollout_client.protocol.weight_uploads import RELAY_HEADER, SHA256_HEADER
 
@@ -117,6 +118,7 @@ async def put_weight_file(upload_id: str, file_name: str, request: Request,
     passing_on = None
     if relay is not None:
         runtime.weight_uploads.get(upload_id)  # 404 before anything reaches a peer
+        check_file_name(file_name)  # 400 naming it: a name this server refuses never reaches a peer either
         passing_on = await start_relay(runtime.weight_peers, parse_relay_header(relay, runtime.weight_peers.server_id),
                                        file_name, sha256, declared)
         chunks = passing_on.tee(chunks)

@@ -27,7 +27,8 @@ from samrollout.server.engine.runtime import ServerRuntime
 from samrollout.server.engine.scheduled_engine import ScheduledEngineClient, output_tokens_so_far
 from samrollout.server.engine.vllm_argv import vllm_argv
 from samrollout.server.request_state.queue_limit import QueueLimit
-from samrollout.server.settings import ServerSettings, parse_peer_urls
+from samrollout.server.settings import ServerSettings, parse_peer_urls, plain_http_peers
+from samrollout.server.weights.staging_dir import private_staging_root
 from samrollout.server.weights.weight_epoch import EpochSaltedEngine, WeightEpoch
 from samrollout.server.weights.weight_labels import WeightLabels, labelling_client
 from samrollout.server.weights.weight_peers import WeightPeers, new_server_id
@@ -127,6 +128,7 @@ async def start_runtime(settings: ServerSettings, state: State) -> ServerRuntime
         raise RuntimeError(str(error)) from None
     layout = checkpoint_layout(model_path) if os.path.isdir(model_path) else None
     uploads = open_weight_uploads(settings, layout)  # before the engine: a bad staging dir fails fast
+    warn_of_plain_http_peers(settings)
     try:
         engine, args = build_engine(settings, model_path)
     except BaseException:
@@ -172,14 +174,26 @@ async def start_runtime(settings: ServerSettings, state: State) -> ServerRuntime
                                           settings.max_queued_requests))
 
 
-def open_weight_uploads(settings: ServerSettings, layout: Layout | None) -> WeightUploads:
-    """The staging area of weights pushed over HTTP, under ``--weight-staging-dir`` (default: the system temp dir).
+def warn_of_plain_http_peers(settings: ServerSettings) -> None:
+    """Log that the key crosses the network in clear to plain-http peers (allowed by --allow-plain-http-peers)."""
+    plain = plain_http_peers(settings.weight_peers) if settings.api_key is not None else []
+    if plain:
+        logger.warning("weight peers %s are plain http:// (--allow-plain-http-peers): every request to them carries "
+                       "the API key in clear; use https:// peers unless the network encrypts or nobody else reads it",
+                       ", ".join(plain))
 
-    A directory that cannot be created or written stops the start with a message naming it.
+
+def open_weight_uploads(settings: ServerSettings, layout: Layout | None) -> WeightUploads:
+    """The staging area of weights pushed over HTTP, under ``--weight-staging-dir`` (default: ``weight-uploads``
+    in the server's cache directory).
+
+    A directory that cannot be created or written, or that is not private to this server (`staging_dir`), stops
+    the start with a message naming it.
     """
     root = Path(settings.weight_staging_dir) if settings.weight_staging_dir else default_staging_root()
     max_bytes = settings.max_weight_upload_bytes or default_max_bytes(layout)
     try:
+        private_staging_root(root)
         uploads = WeightUploads(root, max_bytes, settings.max_weight_uploads, settings.weight_upload_idle_seconds)
     except OSError as error:
         raise RuntimeError(f"cannot stage weight uploads under {str(root)!r} (--weight-staging-dir): "

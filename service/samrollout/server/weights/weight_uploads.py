@@ -34,13 +34,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from samrollout.models import cache_root
 from samrollout.server.errors import ApiError
 from samrollout.server.weights.weights_check import DTYPE_BITS, Layout
 from samrollout_client.protocol.weight_uploads import SHA256_HEADER
 
 logger = logging.getLogger("samrollout.server")
 
-STAGING_SUBDIR = "samrollout-weight-uploads"  # under the system temp dir, unless --weight-staging-dir is set
+STAGING_SUBDIR = "weight-uploads"  # under the server's cache (SAMROLLOUT_CACHE), unless --weight-staging-dir is set
 FILE_NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}\.safetensors"  # a plain name: no directory, no dot file
 UNKNOWN_MODEL_MAX_BYTES = 64 * 2**30  # default upload bound when the served checkpoint's size is unknown
 HEADER_ALLOWANCE_BYTES = 64 * 2**20   # added to the default bound: headers of any sharding, metadata
@@ -52,8 +53,9 @@ _SHOWN_CHARS = 80
 
 
 def default_staging_root() -> Path:
-    """Where uploads are staged unless configured: ``samrollout-weight-uploads`` under the system temp dir."""
-    return Path(tempfile.gettempdir()) / STAGING_SUBDIR
+    """Where uploads are staged unless configured: ``weight-uploads`` under the server's own cache directory
+    (``$SAMROLLOUT_CACHE``, else ``~/.cache/samrollout``), never a shared folder such as the system temp dir."""
+    return cache_root() / STAGING_SUBDIR
 
 
 def default_max_bytes(layout: Layout | None) -> int:
