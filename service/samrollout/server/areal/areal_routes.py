@@ -98,8 +98,7 @@ async def pause_generation(request: Request, body: PauseGeneration | None = None
 async def continue_generation(request: Request) -> dict[str, Any]:
     """Run the engine again and let waiting requests through."""
     runtime, gate = _runtime(request)
-    if runtime.paused and runtime.sleep_level is None:
-        await runtime.resume()
+    await runtime.resume_unless_sleeping()  # under the update lock: never while a load swaps the weights
     gate.open()
     return _done("generation continued")
 
@@ -116,7 +115,8 @@ async def update_weights(body: UpdateWeights, request: Request) -> dict[str, Any
 
 
 @router.post("/sleep", responses=_ERRORS)
-async def sleep(request: Request, level: Literal[1, 2] = 1) -> dict[str, Any]:
+async def sleep(request: Request, level: Annotated[int, Query(ge=1, le=2, description=(
+        "1 offloads the weights, 2 discards them (generation is refused until a load)"))] = 1) -> dict[str, Any]:
     """Free accelerator memory (AReaL's offload): vLLM sleep mode, as ``/admin/sleep``."""
     runtime, _ = _runtime(request)
     await runtime.sleep(level)
