@@ -157,13 +157,20 @@ async def commit_weight_upload(upload_id: str, body: CommitUpload, request: Requ
     runtime.commit_outcomes.started(upload_id, body.version)
     loading = asyncio.create_task(_commit(runtime, upload, body), name=f"samrollout-commit-{upload_id}")
     _COMMITS.add(loading)
-    loading.add_done_callback(_COMMITS.discard)
+    loading.add_done_callback(_commit_ended)
     result = await asyncio.shield(loading)  # a caller gone away cancels its wait, not the commit
     return {**result, "upload_id": upload_id, "files": sorted(upload.files),
             "bytes": sum(size for size, _ in upload.files.values())}
 
 
 _COMMITS: set[asyncio.Task[dict[str, Any]]] = set()  # commits running (a task is kept until it ends)
+
+
+def _commit_ended(task: asyncio.Task[dict[str, Any]]) -> None:
+    """Forget an ended commit; its error was recorded in its outcome (and answered, when its caller still waited)."""
+    _COMMITS.discard(task)
+    if not task.cancelled():
+        task.exception()  # retrieved: a commit whose caller went away logs no "exception never retrieved"
 
 
 async def _commit(runtime: ServerRuntime, upload: Upload, body: CommitUpload) -> dict[str, Any]:
