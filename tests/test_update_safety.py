@@ -25,7 +25,7 @@ from samrollout.server.errors import ApiError
 from samrollout.server.weights.load_holds import HOLD_DIR_ENV
 from samrollout.testing import ServerProcess, launch_server
 from samrollout_client import AsyncRolloutClient
-from samrollout_client.errors import SamrolloutError
+from samrollout_client.errors import RequestRejected, SamrolloutError
 from support.frozen_engine import counter, frozen, step_until, until
 
 HELD_AT = "weight load held at {point}"  # what the server logs once a load waits at a hold
@@ -145,6 +145,36 @@ def test_a_commit_outliving_its_clients_timeout_is_reported_as_what_the_server_f
     assert served == version, f"the server serves {served!r}"
     assert not isinstance(outcome, BaseException), f"the client reported {outcome!r} while the server loaded it"
     assert outcome.version == version
+
+
+def test_a_commit_refused_after_its_clients_timeout_is_reported_refused_and_nothing_loads(
+        held_server: ServerProcess, holds: Path, tiny_dir: Path) -> None:
+    from safetensors.torch import load_file
+
+    (weights,) = tiny_dir.glob("*.safetensors")
+    tensors = load_file(str(weights))
+    name = sorted(tensors)[-1]
+    tensors[name] = tensors[name].clone()
+    tensors[name].view(-1)[3] = float("inf")  # the value check refuses it, once the held check goes on
+    served = status(held_server)["weight_version"]
+    request_timeout_s = 5.0
+
+    async def scenario() -> BaseException | None:
+        client = AsyncRolloutClient(held_server.url, "tiny", request_timeout_s=request_timeout_s)
+        before = times_held(held_server, "check")
+        with holding(holds, "check") as flag:
+            push = asyncio.create_task(client.push_weights(tensors, "never-loaded-late", timeout_s=300))
+            await held_from(held_server, "check", before)
+            await asyncio.sleep(request_timeout_s + 3)  # the client's commit request has timed out by now
+            flag.unlink()
+            with contextlib.suppress(SamrolloutError):
+                await push
+            return push.exception()
+
+    refused = asyncio.run(scenario())
+    assert isinstance(refused, RequestRejected) and refused.status == 400, repr(refused)
+    assert "infinite" in refused.message
+    assert status(held_server)["weight_version"] == served and status(held_server)["weight_uploads"]["open"] == 0
 
 
 async def _poll(condition: Any, tries: int = 600) -> bool:
