@@ -14,8 +14,10 @@ answers the routes that engine calls:
   when the directory is AReaL's ``weight_update_vN`` (AReaL sends no version).  In-flight
   requests frozen by a "continue" pause go on under the new weights; any others are aborted.
   The gate stays closed: the engine runs again, new requests wait for continue.
-- ``POST /areal_continue_generation``: the engine runs, the gate opens.
-- ``POST /sleep``, ``POST /wake_up``: vLLM's sleep mode (AReaL's offload and onload).
+- ``POST /areal_continue_generation``: the engine runs (once a weight load under way has ended: the update lock),
+  the gate opens.
+- ``POST /sleep``, ``POST /wake_up``: vLLM's sleep mode (AReaL's offload and onload); after ``?level=2`` the
+  weights are discarded and generation is refused (503) until a load, wake or not (`ServerRuntime.sleep`).
 - The NCCL routes (``/areal_init_weights_update_group``, ``/areal_set_update_weight_meta``,
   ``/areal_update_weights_xccl`` and their LoRA forms): 501, naming ``actor.weight_update_mode=disk``;
   ``/areal_update_weights_lora``: 501 (no LoRA adapters).
