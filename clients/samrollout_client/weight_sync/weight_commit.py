@@ -31,7 +31,7 @@ import httpx
 from samrollout_client.endpoints import Endpoint
 from samrollout_client.errors import RequestRejected, SamrolloutError
 from samrollout_client.protocol.modes import InFlight
-from samrollout_client.transport import Retryable, Transport
+from samrollout_client.transport import Retryable, Transport, Unreachable
 from samrollout_client.types import WeightPush
 from samrollout_client.weight_sync.versions import VersionTracker
 from samrollout_client.weight_sync.weight_files import WeightFiles
@@ -122,6 +122,8 @@ async def _commit(transport: Transport, target: UploadTarget, body: dict[str, An
     outcome as its server tells it (`commit_outcome`): the push reports what each server finally serves."""
     try:
         return await transport.post(target.endpoint, f"/admin/weight_uploads/{target.upload_id}/commit", body)
+    except Unreachable:
+        raise  # the commit never reached the server: nothing loaded there
     except Retryable as lost:
         return await commit_outcome(transport, target, lost, deadline)
 
@@ -130,7 +132,8 @@ async def commit_outcome(transport: Transport, target: UploadTarget, lost: BaseE
                          deadline: float) -> dict[str, Any]:
     """Ask ``target``'s server for its commit's outcome (``GET .../{id}/commit``) until it is known: its answer
     when loaded; the commit's error when it failed, or ``lost`` when the server knows no commit of it (it never
-    arrived); `CommitOutcomeUnknown` when the server still gives none at ``deadline`` (clock of time.monotonic)."""
+    arrived) or refuses connections (it died: a server started again holds no upload); `CommitOutcomeUnknown` when
+    the server still gives none at ``deadline`` (clock of time.monotonic)."""
     path = f"/admin/weight_uploads/{target.upload_id}/commit"
     while True:
         try:
@@ -139,12 +142,17 @@ async def commit_outcome(transport: Transport, target: UploadTarget, lost: BaseE
             if refused.status == 404:
                 raise lost from None  # no commit of it reached the server: nothing loaded
             raise
+        except Unreachable:
+            raise lost from None  # the server is gone (a restarted server holds no upload): it loads nothing now
         except Retryable:
-            outcome = {"state": "pending"}  # the server does not answer now: ask again
+            outcome = {"state": "pending"}  # the server does not answer in time now: ask again
         if outcome.get("state") == "loaded":
             return outcome
         if outcome.get("state") == "failed":
-            raise RequestRejected(target.endpoint.url, int(outcome.get("status") or 500), str(outcome.get("error")))
+            status = int(outcome.get("status") or 500)
+            if status >= 500:
+                raise Retryable(f"{target.endpoint.url}: its commit failed ({status}): {outcome.get('error')}")
+            raise RequestRejected(target.endpoint.url, status, str(outcome.get("error")))
         if time.monotonic() >= deadline:
             raise CommitOutcomeUnknown(f"{target.endpoint.url}: the commit's answer was lost ({lost}) and its outcome "
                                        "is still unknown at the push's timeout")
