@@ -66,7 +66,15 @@ def metric(server: ServerProcess, name: str) -> float:
 
 
 ABORTED = 'samrollout_requests_finished_total{finish_reason="abort"}'
-CONTINUED = "samrollout_continued_requests_total"
+CONTINUED = 'samrollout_continued_requests_total{in_flight="continue"}'
+KEPT_ON = 'samrollout_continued_requests_total{in_flight="continue-keep-kv"}'  # what the keep-KV mode carried on
+
+
+def continued_by(in_flight: str) -> str:
+    """The /metrics sample of the sequences updates of mode ``in_flight`` continued."""
+    return f'samrollout_continued_requests_total{{in_flight="{in_flight}"}}'
+
+
 RECOMPUTED = "samrollout_recomputed_tokens_total"
 
 
@@ -359,7 +367,7 @@ def test_a_stream_whose_client_hangs_up_while_frozen_for_an_update_is_aborted_on
     new = weights.new_version(f"hang-up-{in_flight}")
     rollout = f"{in_flight}-hung-up"
     body = completion(prompt(11), 480, rollout_id=rollout, seed=7, **TOP1)
-    before = {name: metric(tiny_server, name) for name in (ABORTED, CONTINUED)}
+    before = {name: metric(tiny_server, name) for name in (ABORTED, continued_by(in_flight))}
 
     async def scenario() -> tuple[dict[str, Any], float, dict[str, Any]]:
         async with client_for(tiny_server) as client:
@@ -386,7 +394,7 @@ def test_a_stream_whose_client_hangs_up_while_frozen_for_an_update_is_aborted_on
     assert metric(tiny_server, GENERATED) == generated  # nothing ran after the update: it was not resumed
     assert summary["finish_reasons"] == {"abort": 1}
     assert metric(tiny_server, ABORTED) - before[ABORTED] == 1  # counted once
-    assert metric(tiny_server, CONTINUED) == before[CONTINUED]
+    assert metric(tiny_server, continued_by(in_flight)) == before[continued_by(in_flight)]
 
 
 def test_a_stream_whose_client_hangs_up_as_a_continue_update_runs_is_aborted_once_wherever_it_lands(
@@ -450,7 +458,7 @@ class KeepRun:
     reference: Reply
     reply: Reply
     updated: dict[str, Any]
-    counted: dict[str, float]  # CONTINUED and RECOMPUTED before the update
+    counted: dict[str, float]  # KEPT_ON and RECOMPUTED before the update
 
 
 def across_a_keep_kv_update(server: ServerProcess, weights: WeightSwapper, kind: str, *,
@@ -461,7 +469,7 @@ def across_a_keep_kv_update(server: ServerProcess, weights: WeightSwapper, kind:
     body = PROBES[kind]
     old = admin_status(server)["weight_version"]
     new = weights.new_version(f"{'same' if same_weights else 'keep'}-{kind.replace(' ', '-')}")
-    counted = {name: metric(server, name) for name in (CONTINUED, RECOMPUTED)}
+    counted = {name: metric(server, name) for name in (KEPT_ON, RECOMPUTED)}
 
     async def scenario() -> tuple[Reply, Reply, dict[str, Any]]:
         async with client_for(server) as client:
@@ -490,7 +498,7 @@ def test_keep_kv_with_the_same_weights_gives_the_uninterrupted_output_and_recomp
     assert (run.updated["continued_requests"], run.updated["recomputed_tokens"]) == (run.n, 0)
     last = admin_status(tiny_server)["last_weight_update"]  # the status shows the last update's cost
     assert last.pop("at") > 0 and last == run.updated
-    assert metric(tiny_server, CONTINUED) - run.counted[CONTINUED] == run.n
+    assert metric(tiny_server, KEPT_ON) - run.counted[KEPT_ON] == run.n  # the keep-KV mode is counted, by mode
     assert metric(tiny_server, RECOMPUTED) == run.counted[RECOMPUTED]
     wait_until_idle(tiny_server)
 

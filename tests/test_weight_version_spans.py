@@ -130,10 +130,12 @@ def test_sequence_key_takes_only_the_children_it_names() -> None:
 
 @pytest.mark.parametrize(("recomputed", "tokens"), [(True, 14 + 10), (False, 0)], ids=["continue", "continue-keep-kv"])
 def test_continued_sequences_and_their_recomputed_tokens_are_counted(recomputed: bool, tokens: int) -> None:
-    before = (m.CONTINUED_SEQUENCES._value.get(), m.RECOMPUTED_TOKENS._value.get())
+    mode = "continue" if recomputed else "continue-keep-kv"
+    counted = m.CONTINUED_SEQUENCES.labels(in_flight=mode)
+    before = (counted._value.get(), m.RECOMPUTED_TOKENS._value.get())
     count_continued({("a", 0): SequenceProgress(10, 4), ("a", 1): SequenceProgress(10, 0),
-                     ("b", 0): SequenceProgress(7, 3)}, recomputed=recomputed)
-    after = (m.CONTINUED_SEQUENCES._value.get(), m.RECOMPUTED_TOKENS._value.get())
+                     ("b", 0): SequenceProgress(7, 3)}, mode, recomputed=recomputed)
+    after = (counted._value.get(), m.RECOMPUTED_TOKENS._value.get())
     assert (after[0] - before[0], after[1] - before[1]) == (2, tokens)
 
 
@@ -218,14 +220,14 @@ def test_a_continue_load_freezes_preempts_loads_then_resumes_and_splits_the_span
         monkeypatch: pytest.MonkeyPatch) -> None:
     engine = RecordingEngine()
     runtime = runtime_with(engine, monkeypatch)
-    before = m.CONTINUED_SEQUENCES._value.get()
+    before = m.CONTINUED_SEQUENCES.labels(in_flight="continue")._value.get()
     result = asyncio.run(runtime.load_weights("/weights", "v2", "continue", param="path", source="test"))
     assert engine.calls == [("pause", ("keep", True)), ("reset_prefix_cache", True),
                             ("collective_rpc", "samrollout_reload_weights"), ("reset_prefix_cache", False),
                             ("collective_rpc", "samrollout_reset_drafter"), ("version", "v2"),
                             ("resume_generation", None)]
     assert result["continued_requests"] == 1 and result["recomputed_tokens"] == 6 + 5 and result["paused_s"] >= 0
-    assert m.CONTINUED_SEQUENCES._value.get() - before == 1
+    assert m.CONTINUED_SEQUENCES.labels(in_flight="continue")._value.get() - before == 1
     labels = runtime.labels
     labels.see("cmpl-r-0", output(completion(list(range(8)), finish="length")))
     assert labels.spans("cmpl-r-0", 0) == [span(0, 5, "v1"), span(5, 8, "v2")]  # no engine spans: the fallback
@@ -243,8 +245,8 @@ def test_wait_and_abort_loads_pause_as_before_and_report_no_continuation(monkeyp
 def test_a_continue_load_that_fails_resumes_the_engine_and_counts_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     engine = RecordingEngine(fail_reload=True)
     runtime = runtime_with(engine, monkeypatch)
-    before = m.CONTINUED_SEQUENCES._value.get()
+    before = m.CONTINUED_SEQUENCES.labels(in_flight="continue")._value.get()
     with pytest.raises(RuntimeError, match="reload failed"):
         asyncio.run(runtime.load_weights("/weights", "v2", "continue", param="path", source="test"))
     assert engine.calls[-1] == ("resume_generation", None) and runtime.weight_version == "v1"
-    assert m.CONTINUED_SEQUENCES._value.get() == before
+    assert m.CONTINUED_SEQUENCES.labels(in_flight="continue")._value.get() == before

@@ -430,7 +430,9 @@ class AsyncRolloutClient:
         naming the version each endpoint serves. Commits that all fail (bad tensor names, shapes or
         dtypes: 400) leave every endpoint on its old weights; commits that fail on some endpoints
         only raise `WeightsSplit` (which endpoint serves which version; `commit_weights` on its
-        ``staged`` or `roll_back` brings them together). ``in_flight`` as for `update_weights`.
+        ``staged`` or `roll_back` brings them together). A commit whose answer is lost (a timeout,
+        a broken connection) is asked of its server until its outcome is known (within ``timeout_s``),
+        so the report is what each server finally serves. ``in_flight`` as for `update_weights`.
         Returns what was sent and how long the upload and the load took.
         """
         check_update(version, in_flight)

@@ -26,6 +26,10 @@ class Retryable(SamrolloutError):
     """A failure worth retrying on another endpoint (connection, timeout, 5xx)."""
 
 
+class Unreachable(Retryable):
+    """The connection could not be made: the request never reached the server (it is down or unreachable)."""
+
+
 class Busy(Retryable):
     """429: the server is up but its queue is full; retry after ``retry_after_s`` (not a failure of the endpoint)."""
 
@@ -53,6 +57,8 @@ class Transport:
     async def _call(self, method: str, endpoint: Endpoint, path: str, body: dict[str, Any] | None) -> dict[str, Any]:
         try:
             reply = await self.http.request(method, f"{endpoint.url}{path}", json=body)
+        except httpx.ConnectError as error:
+            raise Unreachable(f"{endpoint.url}: {type(error).__name__}: {error}") from None
         except RETRYABLE_ERRORS as error:
             raise Retryable(f"{endpoint.url}: {type(error).__name__}: {error}") from None
         check_status(endpoint, reply)

@@ -279,10 +279,12 @@ PANELS: list[Panel] = [
         description=f"Share of the last {ROLLOUT_WINDOW} each server held generation for weight updates "
                     "(the recording rule samrollout:weight_update_share:rate10m)."),
     Panel("Sequences continued across updates", "none", (
-        Query(f"sum(increase({CONTINUED}[{ROLLOUT_WINDOW}]))", f"continued ({ROLLOUT_WINDOW})"),
+        Query(f"sum(increase({CONTINUED}[{ROLLOUT_WINDOW}]))", f"all modes ({ROLLOUT_WINDOW})"),
+        Query(f"sum by (in_flight) (increase({CONTINUED}[{ROLLOUT_WINDOW}]))", f"{{{{in_flight}}}} ({ROLLOUT_WINDOW})"),
     ), UPDATES, width=6, min=0,
-        description=f"Sequences with tokens that continue or continue-keep-kv updates carried onto new weights, "
-                    f"over the last {ROLLOUT_WINDOW}."),
+        description=f"Sequences with tokens that weight updates carried onto new weights over the last "
+                    f"{ROLLOUT_WINDOW}: all modes summed, and by mode (continue recomputes their KV, "
+                    f"continue-keep-kv keeps it)."),
     Panel("Servers by weight version", "none", (
         Query("count by (version) (samrollout_weight_version_info)", "{{version}}"),
     ), UPDATES, width=6, min=0, stacked=True,

@@ -5,7 +5,10 @@ server holds them all.  The commits are then one request per server, each loadin
 upload: if a server dies or refuses between the last upload and its commit, the others serve the
 new version and it does not.  `commit_weights` never lets that pass silently:
 
-- every commit succeeded: it waits until each server serves the version;
+- every commit succeeded: it waits until each server serves the version.  A commit whose answer
+  was lost (a timeout, a broken connection) is not taken as failed: the server runs it to its end
+  anyway, so its outcome is asked of the server (``GET /admin/weight_uploads/{id}/commit``,
+  `commit_outcome`) until known, and the report says what each server finally serves;
 - none succeeded: no server loaded anything; the still-staged uploads are cancelled and the
   first failure is raised (a `RequestRejected` stays one), naming what each server serves;
 - some succeeded: `WeightsSplit`, naming which server serves which version, why each commit
@@ -21,13 +24,14 @@ import asyncio
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 import httpx
 
 from samrollout_client.endpoints import Endpoint
-from samrollout_client.errors import SamrolloutError
+from samrollout_client.errors import RequestRejected, SamrolloutError
 from samrollout_client.protocol.modes import InFlight
-from samrollout_client.transport import Transport
+from samrollout_client.transport import Retryable, Transport, Unreachable
 from samrollout_client.types import WeightPush
 from samrollout_client.weight_sync.versions import VersionTracker
 from samrollout_client.weight_sync.weight_files import WeightFiles
@@ -40,6 +44,12 @@ from samrollout_client.weight_sync.weight_push import (
     stage_weights,
     versions_text,
 )
+
+OUTCOME_POLL_S = 0.5  # how often a commit whose answer was lost is asked after
+
+
+class CommitOutcomeUnknown(SamrolloutError):
+    """A commit's answer was lost and its server has not said, by the push's timeout, whether it loaded."""
 
 
 @dataclass(frozen=True)
@@ -92,8 +102,8 @@ async def commit_weights(transport: Transport, versions: VersionTracker, staged:
     docstring says what a failure raises)."""
     started = time.monotonic()
     body = {"version": version, "in_flight": in_flight}
-    commits = await asyncio.gather(*(transport.post(t.endpoint, f"/admin/weight_uploads/{t.upload_id}/commit", body)
-                                     for t in staged.targets), return_exceptions=True)
+    commits = await asyncio.gather(*(_commit(transport, t, body, started + timeout_s) for t in staged.targets),
+                                   return_exceptions=True)
     endpoints = [target.endpoint for target in staged.targets]
     failures = [(t, r) for t, r in zip(staged.targets, commits, strict=True) if isinstance(r, BaseException)]
     if failures:
@@ -104,6 +114,49 @@ async def commit_weights(transport: Transport, versions: VersionTracker, staged:
     return WeightPush(version=version, endpoints=len(endpoints), files=staged.files, bytes=staged.bytes,
                       bytes_sent=staged.bytes_sent, relay_chains=staged.relay_chains, upload_s=staged.upload_s,
                       load_s=done - started, seconds=staged.upload_s + done - started)
+
+
+async def _commit(transport: Transport, target: UploadTarget, body: dict[str, Any],
+                  deadline: float) -> dict[str, Any]:
+    """Commit ``target``'s upload; when the answer is lost (a timeout, a broken connection, a 5xx), the commit's
+    outcome as its server tells it (`commit_outcome`): the push reports what each server finally serves."""
+    try:
+        return await transport.post(target.endpoint, f"/admin/weight_uploads/{target.upload_id}/commit", body)
+    except Unreachable:
+        raise  # the commit never reached the server: nothing loaded there
+    except Retryable as lost:
+        return await commit_outcome(transport, target, lost, deadline)
+
+
+async def commit_outcome(transport: Transport, target: UploadTarget, lost: BaseException,
+                         deadline: float) -> dict[str, Any]:
+    """Ask ``target``'s server for its commit's outcome (``GET .../{id}/commit``) until it is known: its answer
+    when loaded; the commit's error when it failed, or ``lost`` when the server knows no commit of it (it never
+    arrived) or refuses connections (it died: a server started again holds no upload); `CommitOutcomeUnknown` when
+    the server still gives none at ``deadline`` (clock of time.monotonic)."""
+    path = f"/admin/weight_uploads/{target.upload_id}/commit"
+    while True:
+        try:
+            outcome = await transport.get(target.endpoint, path)
+        except RequestRejected as refused:
+            if refused.status == 404:
+                raise lost from None  # no commit of it reached the server: nothing loaded
+            raise
+        except Unreachable:
+            raise lost from None  # the server is gone (a restarted server holds no upload): it loads nothing now
+        except Retryable:
+            outcome = {"state": "pending"}  # the server does not answer in time now: ask again
+        if outcome.get("state") == "loaded":
+            return outcome
+        if outcome.get("state") == "failed":
+            status = int(outcome.get("status") or 500)
+            if status >= 500:
+                raise Retryable(f"{target.endpoint.url}: its commit failed ({status}): {outcome.get('error')}")
+            raise RequestRejected(target.endpoint.url, status, str(outcome.get("error")))
+        if time.monotonic() >= deadline:
+            raise CommitOutcomeUnknown(f"{target.endpoint.url}: the commit's answer was lost ({lost}) and its outcome "
+                                       "is still unknown at the push's timeout")
+        await asyncio.sleep(OUTCOME_POLL_S)
 
 
 async def _settle_failed(transport: Transport, staged: StagedWeights, version: str,

@@ -104,8 +104,9 @@ WEIGHT_UPDATE_PAUSE = Histogram(f"{P}weight_update_pause_seconds",
                                 "drain of requests in flight included), by in_flight mode", ["in_flight"],
                                 buckets=_LATENCY)
 CONTINUED_SEQUENCES = Counter(f"{P}continued_requests",
-                              "Sequences with generated tokens that a weight update with in_flight=continue carried "
-                              "onto the new weights (each sequence of an n > 1 request counts once)")
+                              "Sequences with generated tokens that a weight update carried onto the new weights, by "
+                              "in_flight mode (continue, continue-keep-kv; each sequence of an n > 1 request counts "
+                              "once)", ["in_flight"])
 RECOMPUTED_TOKENS = Counter(f"{P}recomputed_tokens",
                             "Prompt + generated tokens of the continued sequences, prefilled again under the new "
                             "weights (at most: siblings' shared prompts may hit the prefix cache)")

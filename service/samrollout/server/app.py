@@ -46,7 +46,7 @@ def build_app(settings: ServerSettings) -> FastAPI:
                     "on" if settings.speculation else "off")
         background = [asyncio.create_task(_finish_idle_rollouts(runtime)),
                       asyncio.create_task(_expire_idle_uploads(runtime)),
-                      asyncio.create_task(runtime.weight_peers.watch(lambda: runtime.weight_version)),
+                      asyncio.create_task(runtime.weight_peers.watch(lambda: runtime.served_version)),
                       asyncio.create_task(exit_when_engine_dies(runtime.engine, lambda: _request_exit(app)))]
         try:
             yield
@@ -90,7 +90,7 @@ def _add_probes(app: FastAPI) -> None:
             await runtime.engine.check_health()
         except Exception as exc:  # the engine died: say so, keep answering
             return error_response(503, f"engine unhealthy: {exc}")
-        return JSONResponse({"status": "ok", "weight_version": runtime.weight_version})
+        return JSONResponse({"status": "ok", "weight_version": runtime.served_version})
 
     @app.get("/metrics")
     async def metrics(request: Request) -> Response:

@@ -159,11 +159,11 @@ async def status(request: Request, drafter: bool = True) -> dict[str, Any]:
     """
     runtime = _runtime(request)
     stats = await runtime.drafter_stats() if drafter else None
-    return {"model": runtime.model_name, "weight_version": runtime.weight_version,
+    return {"model": runtime.model_name, "weight_version": runtime.served_version,
             "paused": runtime.paused, "sleeping": runtime.sleep_level is not None,
             "sleep_level": runtime.sleep_level, "in_flight_requests": len(runtime.inflight),
             "scheduling": runtime.scheduling_status(), "weight_uploads": runtime.weight_uploads.status(),
             "queue": runtime.queue.status(), "last_weight_update": runtime.last_update,
             "areal": None if runtime.generation_gate is None else runtime.generation_gate.status(),
-            "weight_peers": runtime.weight_peers.summary(runtime.weight_version),
+            "weight_peers": runtime.weight_peers.summary(runtime.served_version),
             "drafter": None if not drafter else {} if stats is None else stats.to_json()}

@@ -61,10 +61,13 @@ def runtime_of(request: Request) -> ServerRuntime:
 
 
 async def open_runtime(request: Request) -> ServerRuntime:
-    """The server runtime, once AReaL's pause lets new generation through (at once without --areal-routes)."""
+    """The server runtime, once AReaL's pause lets new generation through (at once without --areal-routes); a 503
+    while a level-2 sleep's discarded weights are not loaded again (`ServerRuntime.need_weights`)."""
     runtime = runtime_of(request)
+    runtime.need_weights()
     if runtime.generation_gate is not None:
         await runtime.generation_gate.wait()
+        runtime.need_weights()
     return runtime
 
 

@@ -7,11 +7,13 @@
   (`weight_relay`);
 - ``POST .../{id}/commit`` {version, in_flight} checks and loads the files as update_weights does;
   ``GET .../{id}`` shows an upload, ``DELETE .../{id}`` cancels it (`weight_uploads`);
+  ``GET .../{id}/commit``: the commit's outcome, pending, loaded or failed (`commit_outcomes`);
 - ``GET /admin/identity``: this server's id; ``GET /admin/peers``: the peers it may relay to, asked now.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
@@ -24,7 +26,7 @@ from samrollout.server.api.auth import require_api_key
 from samrollout.server.engine.runtime import ServerRuntime
 from samrollout.server.errors import ApiError
 from samrollout.server.weights.weight_relay import parse_relay_header, start_relay
-from samrollout.server.weights.weight_uploads import check_file_name
+from samrollout.server.weights.weight_uploads import Upload, check_file_name
 from samrollout_client.protocol.modes import InFlight
 from samrollout_client.protocol.weight_uploads import RELAY_HEADER, SHA256_HEADER
 
@@ -56,7 +58,7 @@ def _runtime(request: Request) -> ServerRuntime:
 async def identity(request: Request) -> dict[str, Any]:
     """This server's id (drawn at start; how relays name it) and the weight version it serves."""
     runtime = _runtime(request)
-    return {"server_id": runtime.weight_peers.server_id, "weight_version": runtime.weight_version}
+    return {"server_id": runtime.weight_peers.server_id, "weight_version": runtime.served_version}
 
 
 @router.get("/peers", responses=ADMIN_ERRORS)
@@ -71,8 +73,8 @@ async def peers(request: Request) -> dict[str, Any]:
     """
     runtime = _runtime(request)
     found = await runtime.weight_peers.probe()
-    return {"server_id": runtime.weight_peers.server_id, "weight_version": runtime.weight_version,
-            "versions_agree": all(peer.weight_version == runtime.weight_version for peer in found if peer.server_id),
+    return {"server_id": runtime.weight_peers.server_id, "weight_version": runtime.served_version,
+            "versions_agree": all(peer.weight_version == runtime.served_version for peer in found if peer.server_id),
             "peers": [peer.shown() for peer in found]}
 
 
@@ -148,17 +150,51 @@ async def commit_weight_upload(upload_id: str, body: CommitUpload, request: Requ
     """Check the uploaded files and load them as ``version``, exactly as /admin/update_weights loads a directory.
 
     The upload ends either way: loaded (200) or refused (400 naming the file and tensor;
-    the old weights keep serving); its files are deleted.
+    the old weights keep serving); its files are deleted.  The commit runs to its end even when
+    its caller goes away; ``GET .../{id}/commit`` tells its outcome (`commit_outcomes`).
     """
     runtime = _runtime(request)
     upload = runtime.weight_uploads.begin_commit(upload_id)
-    try:
-        result = await runtime.load_weights(str(upload.folder), body.version, body.in_flight, param=None,
-                                            source=f"weight upload {upload_id}")
-    finally:
-        runtime.weight_uploads.finish(upload)
+    runtime.commit_outcomes.started(upload_id, body.version)
+    loading = asyncio.create_task(_commit(runtime, upload, body), name=f"samrollout-commit-{upload_id}")
+    _COMMITS.add(loading)
+    loading.add_done_callback(_commit_ended)
+    result = await asyncio.shield(loading)  # a caller gone away cancels its wait, not the commit
     return {**result, "upload_id": upload_id, "files": sorted(upload.files),
             "bytes": sum(size for size, _ in upload.files.values())}
+
+
+_COMMITS: set[asyncio.Task[dict[str, Any]]] = set()  # commits running (a task is kept until it ends)
+
+
+def _commit_ended(task: asyncio.Task[dict[str, Any]]) -> None:
+    """Forget an ended commit; its error was recorded in its outcome (and answered, when its caller still waited)."""
+    _COMMITS.discard(task)
+    if not task.cancelled():
+        task.exception()  # retrieved: a commit whose caller went away logs no "exception never retrieved"
+
+
+async def _commit(runtime: ServerRuntime, upload: Upload, body: CommitUpload) -> dict[str, Any]:
+    """The commit's check and load, its upload closed after; its outcome recorded here too, so that it is known
+    when the request that started it was cancelled (its caller went away)."""
+    outcome = runtime.commit_outcomes.get(upload.upload_id)
+    try:
+        result = await runtime.load_weights(str(upload.folder), body.version, body.in_flight, param=None,
+                                            source=f"weight upload {upload.upload_id}")
+    except BaseException as error:
+        runtime.commit_outcomes.failed(outcome, error)
+        raise
+    finally:
+        runtime.weight_uploads.finish(upload)
+    runtime.commit_outcomes.loaded(outcome)
+    return result
+
+
+@router.get("/weight_uploads/{upload_id}/commit", responses=_UPLOAD_ERRORS)
+async def weight_upload_commit(upload_id: str, request: Request) -> dict[str, Any]:
+    """The outcome of the upload's commit: ``state`` pending (checking or loading), loaded, or failed (``error``,
+    ``status``: what the commit answered).  A client whose commit request timed out asks this until it is known."""
+    return _runtime(request).commit_outcomes.get(upload_id).shown()
 
 
 @router.delete("/weight_uploads/{upload_id}", responses=_UPLOAD_ERRORS)

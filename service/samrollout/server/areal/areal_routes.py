@@ -14,8 +14,10 @@ answers the routes that engine calls:
   when the directory is AReaL's ``weight_update_vN`` (AReaL sends no version).  In-flight
   requests frozen by a "continue" pause go on under the new weights; any others are aborted.
   The gate stays closed: the engine runs again, new requests wait for continue.
-- ``POST /areal_continue_generation``: the engine runs, the gate opens.
-- ``POST /sleep``, ``POST /wake_up``: vLLM's sleep mode (AReaL's offload and onload).
+- ``POST /areal_continue_generation``: the engine runs (once a weight load under way has ended: the update lock),
+  the gate opens.
+- ``POST /sleep``, ``POST /wake_up``: vLLM's sleep mode (AReaL's offload and onload); after ``?level=2`` the
+  weights are discarded and generation is refused (503) until a load, wake or not (`ServerRuntime.sleep`).
 - The NCCL routes (``/areal_init_weights_update_group``, ``/areal_set_update_weight_meta``,
   ``/areal_update_weights_xccl`` and their LoRA forms): 501, naming ``actor.weight_update_mode=disk``;
   ``/areal_update_weights_lora``: 501 (no LoRA adapters).
@@ -98,8 +100,7 @@ async def pause_generation(request: Request, body: PauseGeneration | None = None
 async def continue_generation(request: Request) -> dict[str, Any]:
     """Run the engine again and let waiting requests through."""
     runtime, gate = _runtime(request)
-    if runtime.paused and runtime.sleep_level is None:
-        await runtime.resume()
+    await runtime.resume_unless_sleeping()  # under the update lock: never while a load swaps the weights
     gate.open()
     return _done("generation continued")
 
@@ -116,7 +117,8 @@ async def update_weights(body: UpdateWeights, request: Request) -> dict[str, Any
 
 
 @router.post("/sleep", responses=_ERRORS)
-async def sleep(request: Request, level: Literal[1, 2] = 1) -> dict[str, Any]:
+async def sleep(request: Request, level: Annotated[int, Query(ge=1, le=2, description=(
+        "1 offloads the weights, 2 discards them (generation is refused until a load)"))] = 1) -> dict[str, Any]:
     """Free accelerator memory (AReaL's offload): vLLM sleep mode, as ``/admin/sleep``."""
     runtime, _ = _runtime(request)
     await runtime.sleep(level)

@@ -124,11 +124,11 @@ def recomputed_tokens(progress: dict[SequenceKey, SequenceProgress]) -> int:
     return sum(p.prompt_tokens + p.output_tokens for p in continued(progress).values())
 
 
-def count_continued(progress: dict[SequenceKey, SequenceProgress], *, recomputed: bool) -> None:
-    """Metrics: sequences continued across the update, and (``recomputed``: their KV was dropped) their tokens the
-    engine prefills again (`recomputed_tokens`)."""
+def count_continued(progress: dict[SequenceKey, SequenceProgress], in_flight: str, *, recomputed: bool) -> None:
+    """Metrics: sequences continued across the update, by its ``in_flight`` mode, and (``recomputed``: their KV was
+    dropped) their tokens the engine prefills again (`recomputed_tokens`)."""
     sequences = continued(progress)
     if sequences:
-        m.CONTINUED_SEQUENCES.inc(len(sequences))
+        m.CONTINUED_SEQUENCES.labels(in_flight=in_flight).inc(len(sequences))
         if recomputed:
             m.RECOMPUTED_TOKENS.inc(recomputed_tokens(progress))

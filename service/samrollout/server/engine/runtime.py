@@ -35,6 +35,8 @@ from samrollout.server.request_state.inflight import InflightRegistry
 from samrollout.server.request_state.queue_limit import QueueLimit
 from samrollout.server.request_state.request_hold import RequestHold
 from samrollout.server.settings import ServerSettings
+from samrollout.server.weights.commit_outcomes import CommitOutcomes
+from samrollout.server.weights.load_holds import hold_at
 from samrollout.server.weights.update_modes import update_mode
 from samrollout.server.weights.weight_epoch import WeightEpoch
 from samrollout.server.weights.weight_labels import WeightLabels
@@ -52,6 +54,7 @@ from samrollout.vllm_plugins.engine_steps import METHOD
 from samrollout_client.protocol.modes import InFlight, PauseMode
 
 logger = logging.getLogger("samrollout.server")
+DISCARDED_VERSION = "discarded"  # the version reported while a level-2 sleep's discarded weights are not reloaded
 
 def update_cost(version: str, previous: str, in_flight: InFlight, paused_s: float,
                 stopped: dict[tuple[str, int], SequenceProgress]) -> dict[str, Any]:
@@ -87,6 +90,7 @@ class ServerRuntime:
     update_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     expected_weights: Layout | None = None  # the served checkpoint's tensors: what weight updates must match
     sleep_level: int | None = None           # set by /admin/sleep, cleared by /admin/wake (pausing is not sleep)
+    weights_discarded: bool = False          # a level-2 sleep discarded the weights; cleared by the next load
     paused: bool = False                     # the engine's scheduler paused (pause/resume, sleep/wake): for status
     labels: WeightLabels | None = None       # which weight version produced each sequence (weight_labels)
     epoch: WeightEpoch = field(default_factory=WeightEpoch)  # prefix-cache salt by weight load (weight_epoch)
@@ -94,6 +98,7 @@ class ServerRuntime:
     generation_gate: RequestHold | None = None  # AReaL's pause holds new requests here (--areal-routes; set by the app)
     weights_root: WeightsRoot = field(default_factory=lambda: WeightsRoot(None))  # where loads by path may read
     activity: EngineActivity | None = None   # requests reaching the engine (drafter_stats_cache); None: count none
+    commit_outcomes: CommitOutcomes = field(default_factory=CommitOutcomes)  # each upload commit's end, by upload id
 
     def __post_init__(self) -> None:
         """Label sequences the engine gives no version with this runtime's version (`weight_labels`)."""
@@ -120,24 +125,60 @@ class ServerRuntime:
         self.paused = True
 
     async def resume(self) -> None:
-        """Resume generation after `pause`."""
+        """Resume generation after `pause`; waits for a weight load under way (the update lock), so the engine never
+        steps while weights are swapped."""
+        async with self.update_lock:
+            await self._resume_engine()
+
+    async def resume_unless_sleeping(self) -> None:
+        """`resume` when generation is paused and the engine is not asleep (AReaL's continue), under the update lock."""
+        async with self.update_lock:
+            if self.paused and self.sleep_level is None:
+                await self._resume_engine()
+
+    async def _resume_engine(self) -> None:
+        """Let the engine step again (the caller holds the update lock)."""
         await self.engine.resume_generation()
         self.paused = False
 
     async def sleep(self, level: int) -> None:
-        """Free accelerator memory (vLLM sleep mode, level 1 or 2); 409 when the server runs without sleep mode."""
+        """Free accelerator memory (vLLM sleep mode, level 1 or 2); 409 when the server runs without sleep mode.
+
+        Level 2 discards the weights: that is recorded before the engine is asked, and generation is refused
+        (`need_weights`) until weights are loaded again, whatever wake does.  Taken under the update lock.
+        """
         self._need_sleep_mode()
-        await self.engine.sleep(level)
-        self.sleep_level = level
-        self.paused = True  # the engine pauses its scheduler to sleep
+        async with self.update_lock:
+            if level >= 2:
+                self.weights_discarded = True
+            await self.engine.sleep(level)
+            self.sleep_level = level
+            self.paused = True  # the engine pauses its scheduler to sleep
 
     async def wake(self, tags: list[str] | None = None) -> None:
-        """Restore what `sleep` freed: all of it, or only the ``tags`` named (vLLM's "weights", "kv_cache")."""
+        """Restore what `sleep` freed: all of it, or only the ``tags`` named (vLLM's "weights", "kv_cache").
+
+        After a level-2 sleep the weights' memory comes back but not their values: generation stays refused
+        until a weight load (`need_weights`).  Taken under the update lock.
+        """
         self._need_sleep_mode()
-        await self.engine.wake_up(tags)
-        if not tags or {"weights", "kv_cache"} <= set(tags):
-            self.sleep_level = None
-            self.paused = False  # a full wake resumes the engine's scheduler, even after a pause
+        async with self.update_lock:
+            await self.engine.wake_up(tags)
+            if not tags or {"weights", "kv_cache"} <= set(tags):
+                self.sleep_level = None
+                self.paused = False  # a full wake resumes the engine's scheduler, even after a pause
+
+    @property
+    def served_version(self) -> str:
+        """The weight version as reported (/admin/status, identity, peers): `DISCARDED_VERSION` after a level-2
+        sleep until weights are loaded again."""
+        return DISCARDED_VERSION if self.weights_discarded else self.weight_version
+
+    def need_weights(self) -> None:
+        """ApiError 503 while the weights are discarded (a level-2 sleep, no load since): nothing is generated."""
+        if self.weights_discarded:
+            raise ApiError(503, f"no weights are loaded: a level-2 sleep discarded version {self.weight_version!r}; "
+                           "load weights (POST /admin/update_weights or a weight upload's commit) before generating")
 
     def _need_sleep_mode(self) -> None:
         if not self.state.vllm_config.model_config.enable_sleep_mode:
@@ -206,9 +247,9 @@ class ServerRuntime:
                 await self._swap_weights(folder, version, keep_kv=mode.keeps_kv)
                 if self.labels is not None:  # spans where the engine keeps no version (weight_labels)
                     self.labels.continued({key: p.output_tokens for key, p in stopped.items()}, old, version)
-                count_continued(stopped, recomputed=mode.preempts)
+                count_continued(stopped, in_flight, recomputed=mode.preempts)
             finally:
-                await self.resume()
+                await self._resume_engine()
                 paused = time.monotonic() - held
                 m.WEIGHT_UPDATE_PAUSE.labels(in_flight=in_flight).observe(paused)
         cost = update_cost(version, old, in_flight, paused, stopped)
@@ -247,6 +288,7 @@ class ServerRuntime:
         """
         from samrollout.server.vllm_compat.vllm_serving import set_engine_weight_version
 
+        await hold_at("swap")  # testing only (load_holds)
         await self.engine.collective_rpc("samrollout_reload_weights", kwargs={
             "weights_path": str(folder), "clear_kv_cache": not keep_kv and self.sleep_level is None})
         if not keep_kv:
@@ -255,6 +297,7 @@ class ServerRuntime:
         self._drafter_cache.forget()
         old = self.weight_version
         self.weight_version = version
+        self.weights_discarded = False  # weights are loaded again (after a level-2 sleep)
         set_weight_version(version, old)
         await set_engine_weight_version(self.engine, version)
 
@@ -263,6 +306,7 @@ class ServerRuntime:
         thread, bounded by --weight-check-timeout); a 400 naming ``param`` otherwise (403 for a file outside
         ``allowed``), the served weights kept."""
         limit = self.settings.weight_check_timeout
+        await hold_at("check")  # testing only (load_holds)
         try:
             return await call_with_deadline(check_weights_dir, path, self.expected_weights,
                                             self.settings.weight_value_check, allowed, timeout=limit,
