@@ -10,9 +10,11 @@ a bad name is a 400 naming it, and nothing reaches the peer.
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import os
 import re
+import shutil
 import stat
 import subprocess
 import sys
@@ -31,6 +33,7 @@ from samrollout_client.protocol.weight_uploads import RELAY_HEADER
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 FILE_KEY = "key-from-a-file-0123456789abcdef"
 KEY_DIR = Path(tempfile.mkdtemp(prefix="samrollout-key-file-"))
+atexit.register(shutil.rmtree, KEY_DIR, ignore_errors=True)  # the fixture server reads it until the session ends
 UNREACHABLE_PLAIN_PEER = "http://192.0.2.1:8000"  # TEST-NET-1: not loopback, never answers
 
 
