@@ -55,7 +55,8 @@ def run_serve(args: argparse.Namespace) -> int:
 
     from samrollout.server.api.http_limits import guarded_http_protocol
 
-    protocol = guarded_http_protocol(AutoHTTPProtocol, settings.max_connections, settings.header_timeout)
+    protocol = guarded_http_protocol(AutoHTTPProtocol, settings.max_connections, settings.header_timeout,
+                                     settings.areal_port, settings.trainer_max_connections)
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level,
                             timeout_graceful_shutdown=int(settings.shutdown_timeout), http=protocol,
                             timeout_keep_alive=settings.keep_alive_timeout)
