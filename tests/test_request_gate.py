@@ -17,6 +17,7 @@ has no key (loopback, AReaL's routes): the Host, Origin and body-type checks hol
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import tempfile
@@ -118,10 +119,8 @@ def _send_big_body(url: httpx.URL) -> bytes:
     body = b'{"model": "tiny", "prompt": "' + b"x" * (BIG_BODY_BYTES - 32) + b'"}'
     body = body.ljust(BIG_BODY_BYTES, b" ")
     with socket.create_connection((url.host, url.port), timeout=120) as sock:
-        try:
+        with contextlib.suppress(OSError):  # refused and closed before the body was read: what should happen
             sock.sendall(head + body)
-        except OSError:
-            pass  # refused and closed before the body was read: what should happen
         try:
             return sock.recv(4096)
         except OSError:

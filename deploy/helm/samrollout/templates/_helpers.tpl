@@ -201,3 +201,22 @@ pods only (by their labels); and its weight loads need a root, unless told other
 {{- fail "server.arealPort serves AReaL's routes: set server.arealRoutes too" }}
 {{- end }}
 {{- end }}
+
+{{/*
+The Host names the server answers to (SAMROLLOUT_ALLOWED_HOSTS, unless server.allowedHosts is set): the chart's
+services, short and qualified, and (a leading dot: any name under it) their pods' names; IP literals (probes,
+Prometheus by pod IP) and localhost need no entry.
+*/}}
+{{- define "samrollout.allowedHosts" -}}
+{{- $ns := .Release.Namespace -}}
+{{- $names := list -}}
+{{- range $service := list (include "samrollout.fullname" .) (printf "%s-headless" (include "samrollout.fullname" .)) -}}
+{{- range $qualified := list $service (printf "%s.%s" $service $ns) (printf "%s.%s.svc" $service $ns) (printf "%s.%s.svc.cluster.local" $service $ns) -}}
+{{- $names = append $names $qualified -}}
+{{- if ne $qualified $service -}}
+{{- $names = append $names (printf ".%s" $qualified) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- join "," $names -}}
+{{- end -}}

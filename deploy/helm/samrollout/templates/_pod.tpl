@@ -97,6 +97,10 @@ spec:
     - name: SAMROLLOUT_WEIGHT_PEERS
       value: {{ printf "http://%s-headless.%s.svc:%d" (include "samrollout.fullname" .) .Release.Namespace (int64 .Values.server.port) | quote }}
     {{- end }}
+    {{- if not (get .Values.server "allowedHosts") }}
+    - name: SAMROLLOUT_ALLOWED_HOSTS
+      value: {{ include "samrollout.allowedHosts" . | quote }}
+    {{- end }}
     - name: SAMROLLOUT_API_KEY
       valueFrom:
         secretKeyRef:
