@@ -84,13 +84,26 @@ def _local_port(transport: asyncio.BaseTransport) -> int | None:
     return name[1] if isinstance(name, tuple) and len(name) >= 2 else None
 
 
-def guarded_http_protocol(base: type[asyncio.Protocol], max_connections: int, header_timeout: float,
-                          trainer_port: int | None = None,
-                          trainer_max_connections: int = 256) -> type[asyncio.Protocol]:
-    """uvicorn's HTTP protocol class ``base`` with a header deadline and a connection limit per port (module
-    docstring): ``trainer_port`` has ``trainer_max_connections`` of its own."""
+def _refuse_over_budget(transport: Any, limit: int, setting: str, port: int | None) -> None:
+    """Answer a connection past its port's budget with a 503 and close it (counted like the app's errors)."""
+    logger.warning("refused a connection on port %s: %d open (%s)", port, limit, setting)
+    message = f"too many open connections (at most {limit}, {setting})"
+    transport.write(_raw_response(503, "Service Unavailable", message))
+    transport.close()
+    HTTP_ERRORS.labels(code="503").inc()
+
+
+def connection_budgets(max_connections: int, trainer_port: int | None = None,
+                       trainer_max_connections: int = 256) -> ConnectionBudgets:
+    """``--max-connections`` for every port, and ``trainer_port`` (``--areal-port``) with a budget of its own."""
     own = {} if trainer_port is None else {trainer_port: (trainer_max_connections, "--trainer-max-connections")}
-    budgets = ConnectionBudgets(max_connections, own)
+    return ConnectionBudgets(max_connections, own)
+
+
+def guarded_http_protocol(base: type[asyncio.Protocol], budgets: ConnectionBudgets,
+                          header_timeout: float) -> type[asyncio.Protocol]:
+    """uvicorn's HTTP protocol class ``base`` with a header deadline and a connection limit per port (`budgets`,
+    module docstring)."""
     timed_out = _raw_response(408, "Request Timeout",
                               f"request headers not received within {header_timeout:g} s (--header-timeout)")
 
@@ -99,21 +112,15 @@ def guarded_http_protocol(base: type[asyncio.Protocol], max_connections: int, he
 
         _header_timer: asyncio.TimerHandle | None = None
         _awaited_cycle: Any = None
-        _counted_port: int | None = None
-        _counted = False
+        _counted: tuple[int | None] | None = None  # (the port) while this connection is counted in its budget
 
         def connection_made(self, transport: asyncio.BaseTransport) -> None:
             super().connection_made(transport)
             port = _local_port(transport)
             if not budgets.take(port):
-                limit, setting = budgets.limit(port)
-                logger.warning("refused a connection on port %s: %d open (%s %d)", port, limit, setting, limit)
-                self.transport.write(_raw_response(503, "Service Unavailable",
-                                                   f"too many open connections (at most {limit}, {setting})"))
-                self.transport.close()
-                HTTP_ERRORS.labels(code="503").inc()
+                _refuse_over_budget(self.transport, *budgets.limit(port), port)
                 return
-            self._counted, self._counted_port = True, port
+            self._counted = (port,)
             self._arm_header_timer()
 
         def data_received(self, data: bytes) -> None:
@@ -129,9 +136,9 @@ def guarded_http_protocol(base: type[asyncio.Protocol], max_connections: int, he
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._cancel_header_timer()
-            if self._counted:
-                self._counted = False
-                budgets.release(self._counted_port)
+            if self._counted is not None:
+                budgets.release(self._counted[0])
+                self._counted = None
             super().connection_lost(exc)
 
         def _arm_header_timer(self) -> None:
