@@ -2,10 +2,12 @@
 
     python bench/soak.py --minutes 30 --json bench/results/soak-cpu.json --plot bench/results/soak-cpu.png
 
-Starts `samrollout serve` with the built-in SmolLM2-135M (an API key, SAM on, its defaults)
-and runs, for ``--minutes``, a cycle of phases (``--phase-seconds`` each):
+Starts `samrollout serve` with the built-in SmolLM2-135M (an API key, SAM on, its defaults, and
+AReaL's routes on the trainer's own port, loads confined to a weights root) and runs, for
+``--minutes``, a cycle of phases (``--phase-seconds`` each):
 
-- ``steady``: rollouts through the Python client (groups of 4, 48 tokens, T=1);
+- ``steady``: rollouts through the Python client (groups of 4, 48 tokens, T=1) and completions
+  through the official openai client (``n=4``, a group id);
 - ``burst``: 48 completions sent at once;
 - ``cut_streams``: streams hung up after their third chunk;
 - ``aborts``: rollouts aborted mid-way with ``/admin/abort_rollout``;
@@ -14,7 +16,12 @@ and runs, for ``--minutes``, a cycle of phases (``--phase-seconds`` each):
 Throughout, a weight push every ``--push-every`` seconds (0: none; the built-in checkpoint through
 ``/admin/weight_uploads``) and a stream of bad requests (malformed JSON, a wrong key, token
 ids outside the vocabulary, a 40 MB declared body, a NaN checkpoint, headers never finished,
-an idle connection), each of which must get its 4xx (or be closed) and nothing else.
+an idle connection), each of which must get its 4xx (or be closed) and nothing else; and every
+``--hostile-every`` seconds the calls issue 59 found could freeze or exhaust a server
+(`hostile_calls`: a 400 KB path on the trainer's port, unauthenticated 30 MB bodies, a foreign
+Host and Origin, a text/plain admin POST, a connection flood on the main port, during which the
+trainer's port must answer).  ``/health`` is asked twice a second throughout; its worst latency
+is reported, with the API process's RSS at the start and the end.
 
 A request is *lost* when it gets no answer (connection error or timeout), a 5xx, or a
 client rollout misses a sample.  Every ``--sample-seconds`` the server's API process and
@@ -38,7 +45,6 @@ import os
 import platform
 import socket
 import statistics
-import sys
 import tempfile
 import time
 from collections import defaultdict
@@ -49,11 +55,14 @@ from typing import Any
 import httpx
 
 from harness import write_json
+from hostile_calls import hostile_round
 from plotting import save, subplots
+from provenance import command_line, git_commit
 
 API_KEY = "soak-key"
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 PHASES = ("steady", "burst", "cut_streams", "aborts", "pause")
+MODEL = "smollm2-135m-instruct"
 
 
 @dataclass
@@ -103,6 +112,37 @@ async def rollout(client: Any, tally: Tally, phase: str, rollout_id: str, groups
         tally.record(phase, "rollout", time.perf_counter() - start, "ok" if not missing else f"lost: {missing} missing")
     except RolloutFailed as error:
         tally.record(phase, "rollout", time.perf_counter() - start, f"lost: {error}"[:200])
+
+
+async def openai_group(openai: Any, tally: Tally, phase: str, group_id: str) -> None:
+    """Four siblings of one group through the official openai client; fewer than four choices is a loss."""
+    import openai as openai_errors
+
+    start = time.perf_counter()
+    try:
+        reply = await openai.completions.create(model=MODEL, prompt="Name a prime and explain why:", n=4,
+                                                max_tokens=32, temperature=1.0, extra_body={"group_id": group_id})
+        missing = 4 - len(reply.choices)
+        tally.record(phase, "openai_group", time.perf_counter() - start,
+                     "ok" if not missing else f"lost: {missing} missing")
+    except openai_errors.RateLimitError:
+        tally.record(phase, "openai_group", time.perf_counter() - start, "ok")  # a 429: admitted later, not lost
+    except openai_errors.OpenAIError as error:
+        tally.record(phase, "openai_group", time.perf_counter() - start, f"lost: {type(error).__name__}")
+
+
+async def health_watch(url: str, latencies: list[float], stop: asyncio.Event, every_s: float = 0.5) -> None:
+    """``/health`` twice a second until ``stop``; each answer's seconds (a failure or a non-200: 60)."""
+    async with httpx.AsyncClient(timeout=60) as http:
+        while not stop.is_set():
+            start = time.perf_counter()
+            try:
+                ok = (await http.get(f"{url}/health")).status_code == 200
+            except httpx.HTTPError:
+                ok = False
+            latencies.append(time.perf_counter() - start if ok else 60.0)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), every_s)
 
 
 async def cut_stream(http: httpx.AsyncClient, url: str, tally: Tally, phase: str) -> None:
@@ -187,10 +227,11 @@ async def bad_requests(http: httpx.AsyncClient, url: str, tally: Tally, phase: s
             tally.record(phase, f"bad/{kind}", time.perf_counter() - start, _outcome(reply.status_code, expected))
         except httpx.HTTPError as error:
             tally.record(phase, f"bad/{kind}", time.perf_counter() - start, f"lost: {type(error).__name__}")
-    head = (f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {API_KEY}\r\n"
+    head = (f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {API_KEY}\r\n"
             f"Content-Type: application/json\r\nContent-Length: {40 * 1024 * 1024}\r\n\r\n").encode()
     for kind, data, wanted in (("huge_body", head + b"[" * 4096, b"HTTP/1.1 413"),
-                               ("unfinished_headers", b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n", b"HTTP/1.1 408"),
+                               ("unfinished_headers", b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n",
+                                b"HTTP/1.1 408"),
                                ("idle_connection", b"", b"HTTP/1.1 408")):
         start = time.perf_counter()
         answer = await asyncio.to_thread(_raw, url, data)
@@ -303,34 +344,61 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
 
 
-async def run_load(url: str, model_dir: Path, nan_dir: Path, args: argparse.Namespace, tally: Tally,
-                   pushes: list[dict[str, Any]]) -> None:
-    """The phases in turn until ``--minutes`` pass, with weight pushes and bad requests alongside."""
+async def push_loop(client: Any, model_dir: Path, every_s: float, deadline: float,
+                    pushes: list[dict[str, Any]]) -> None:
+    """A weight push through the real client every ``every_s`` seconds (0: none) until ``deadline``."""
+    version = 0
+    while every_s > 0 and time.monotonic() < deadline - every_s:
+        await asyncio.sleep(every_s)
+        version += 1
+        start = time.perf_counter()
+        try:
+            await client.push_weights(model_dir, f"push-{version}")
+            pushes.append({"version": version, "seconds": time.perf_counter() - start, "ok": True})
+        except Exception as error:  # recorded: a failed push is a finding, not a crash
+            pushes.append({"version": version, "seconds": time.perf_counter() - start, "ok": False,
+                           "error": str(error)[:300]})
+
+
+async def every(seconds: float, deadline: float, call: Any) -> None:
+    """``await call()`` every ``seconds`` (0: never) until ``deadline``."""
+    while seconds > 0 and time.monotonic() < deadline:
+        await call()
+        await asyncio.sleep(seconds)
+
+
+async def one_round(phase: str, tag: str, client: Any, openai: Any, http: httpx.AsyncClient, url: str,
+                    tally: Tally) -> None:
+    """One round of ``phase``'s load."""
+    if phase == "steady":
+        await asyncio.gather(*(rollout(client, tally, phase, f"{tag}-{i}") for i in range(2)),
+                             *(openai_group(openai, tally, phase, f"{tag}-g{i}") for i in range(2)))
+    elif phase == "burst":
+        await asyncio.gather(*(completion(http, url, tally, phase) for _ in range(48)))
+    elif phase == "cut_streams":
+        await asyncio.gather(*(cut_stream(http, url, tally, phase) for _ in range(8)))
+    elif phase == "aborts":
+        await aborted_rollout(client, http, url, tally, phase, tag)
+    else:
+        await paused_window(http, url, tally, phase)
+
+
+async def run_load(url: str, trainer_url: str, model_dir: Path, nan_dir: Path, args: argparse.Namespace,
+                   tally: Tally, pushes: list[dict[str, Any]]) -> None:
+    """The phases in turn until ``--minutes`` pass, with weight pushes, bad and hostile requests alongside."""
+    from openai import AsyncOpenAI
+
     from samrollout_client import AsyncRolloutClient
 
     deadline = time.monotonic() + args.minutes * 60
-    async with AsyncRolloutClient(url, model="smollm2-135m-instruct", api_key=API_KEY, max_in_flight=32) as client, \
-            httpx.AsyncClient(headers=AUTH, timeout=600) as http:
-
-        async def push_loop() -> None:
-            version = 0
-            while args.push_every > 0 and time.monotonic() < deadline - args.push_every:
-                await asyncio.sleep(args.push_every)
-                version += 1
-                start = time.perf_counter()
-                try:
-                    await client.push_weights(model_dir, f"push-{version}")
-                    pushes.append({"version": version, "seconds": time.perf_counter() - start, "ok": True})
-                except Exception as error:  # recorded: a failed push is a finding, not a crash
-                    pushes.append({"version": version, "seconds": time.perf_counter() - start, "ok": False,
-                                   "error": str(error)[:300]})
-
-        async def bad_loop() -> None:
-            while time.monotonic() < deadline:
-                await bad_requests(http, url, tally, "bad", nan_dir)
-                await asyncio.sleep(args.bad_every)
-
-        side = [asyncio.create_task(push_loop()), asyncio.create_task(bad_loop())]
+    async with AsyncRolloutClient(url, model=MODEL, api_key=API_KEY, max_in_flight=32) as client, \
+            httpx.AsyncClient(headers=AUTH, timeout=600) as http, \
+            AsyncOpenAI(base_url=f"{url}/v1", api_key=API_KEY, timeout=600, max_retries=0) as openai:
+        side = [asyncio.create_task(push_loop(client, model_dir, args.push_every, deadline, pushes)),
+                asyncio.create_task(every(args.bad_every, deadline,
+                                          lambda: bad_requests(http, url, tally, "bad", nan_dir))),
+                asyncio.create_task(every(args.hostile_every, deadline,
+                                          lambda: hostile_round(http, url, trainer_url, tally)))]
         cycle = 0
         while time.monotonic() < deadline:
             phase = PHASES[cycle % len(PHASES)]
@@ -338,17 +406,7 @@ async def run_load(url: str, model_dir: Path, nan_dir: Path, args: argparse.Name
             round_ = 0
             while time.monotonic() < phase_end:
                 round_ += 1
-                tag = f"soak-{cycle}-{round_}"
-                if phase == "steady":
-                    await asyncio.gather(*(rollout(client, tally, phase, f"{tag}-{i}") for i in range(2)))
-                elif phase == "burst":
-                    await asyncio.gather(*(completion(http, url, tally, phase) for _ in range(48)))
-                elif phase == "cut_streams":
-                    await asyncio.gather(*(cut_stream(http, url, tally, phase) for _ in range(8)))
-                elif phase == "aborts":
-                    await aborted_rollout(client, http, url, tally, phase, tag)
-                else:
-                    await paused_window(http, url, tally, phase)
+                await one_round(phase, f"soak-{cycle}-{round_}", client, openai, http, url, tally)
             cycle += 1
         await asyncio.gather(*side)
 
@@ -377,8 +435,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--phase-seconds", type=float, default=40.0)
     parser.add_argument("--push-every", type=float, default=60.0, help="seconds between weight pushes (0: none)")
     parser.add_argument("--bad-every", type=float, default=5.0, help="seconds between rounds of bad requests")
+    parser.add_argument("--hostile-every", type=float, default=20.0,
+                        help="seconds between rounds of hostile calls (hostile_calls; 0: none)")
     parser.add_argument("--sample-seconds", type=float, default=10.0)
-    parser.add_argument("--json", dest="json_path")
+    parser.add_argument("--json", dest="json_path", default="bench/results/soak-cpu.json",
+                        help="where the result JSON goes")
     parser.add_argument("--plot")
     return parser.parse_args()
 
@@ -403,6 +464,8 @@ class SoakRun:
     tally: Tally = field(default_factory=Tally)
     pushes: list[dict[str, Any]] = field(default_factory=list)
     samples: list[dict[str, Any]] = field(default_factory=list)
+    health_s: list[float] = field(default_factory=list)
+    commit: str = "unknown"
     alive: bool = False
     exit_code: int = 0
 
@@ -410,23 +473,27 @@ class SoakRun:
 def soak(args: argparse.Namespace) -> SoakRun:
     """Start the server, run the load with the sampler alongside, stop the server."""
     from samrollout.models import ensure_smollm2
-    from samrollout.testing import start_server
+    from samrollout.testing import free_port, start_server
 
+    done = SoakRun(commit=git_commit())  # what runs: taken before anything is edited meanwhile
     model_dir = ensure_smollm2()
     work = Path(tempfile.mkdtemp(prefix="samrollout-soak-"))
     nan_dir = nan_checkpoint(model_dir, work)
-    server = start_server(["--api-key", API_KEY], work / "server.log")
-    done = SoakRun()
+    trainer_port = free_port()
+    server = start_server(["--api-key", API_KEY, "--areal-routes", "--areal-port", str(trainer_port),
+                           "--weights-root", str(work)], work / "server.log")
+    trainer_url = f"http://127.0.0.1:{trainer_port}"
 
     async def load_and_watch() -> None:
         stop = asyncio.Event()
-        watcher = asyncio.create_task(sampler(server.url, server.process.pid, done.samples, time.perf_counter(),
-                                              args.sample_seconds, stop))
+        watchers = [asyncio.create_task(sampler(server.url, server.process.pid, done.samples, time.perf_counter(),
+                                                args.sample_seconds, stop)),
+                    asyncio.create_task(health_watch(server.url, done.health_s, stop))]
         try:
-            await run_load(server.url, model_dir, nan_dir, args, done.tally, done.pushes)
+            await run_load(server.url, trainer_url, model_dir, nan_dir, args, done.tally, done.pushes)
         finally:
             stop.set()
-            await watcher
+            await asyncio.gather(*watchers)
 
     try:
         asyncio.run(load_and_watch())
@@ -441,18 +508,29 @@ def report(args: argparse.Namespace, done: SoakRun) -> dict[str, Any]:
     tally, samples = done.tally, done.samples
     phases = {phase: {"requests": len(values), "p50_s": percentile(values, 0.5), "p99_s": percentile(values, 0.99)}
               for phase, values in sorted(tally.latencies.items()) if values}
-    return {"minutes": args.minutes, "warmup_minutes": args.warmup_minutes, "lost_requests": len(tally.lost),
+    rss = [s["api_rss_mb"] for s in samples if "api_rss_mb" in s]
+    return {"minutes": args.minutes, "warmup_minutes": args.warmup_minutes,
+            "requests_sent": sum(sum(v.values()) for v in tally.outcomes.values()), "lost_requests": len(tally.lost),
+            "worst_health_s": max(done.health_s, default=None), "health_checks": len(done.health_s),
+            "api_rss_mb_start": rss[0] if rss else None, "api_rss_mb_end": rss[-1] if rss else None,
             "lost_examples": tally.lost[:20], "unhealthy_samples": sum(not s["healthy"] for s in samples),
             "server_alive_at_end": done.alive, "server_exit_code": done.exit_code,
             **summarise(samples, args.warmup_minutes * 60), "phases": phases,
             "outcomes": {k: dict(v) for k, v in sorted(tally.outcomes.items())},
             "weight_pushes": done.pushes, "samples": samples,
             "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
-            "command": " ".join(sys.argv)}
+            "command": command_line("soak.py"), "commit": done.commit}
 
 
 def print_report(result: dict[str, Any]) -> None:
     """Losses and health, the slopes of every sampled level, the drafting history, latency by phase."""
+    worst = result["worst_health_s"]
+    print(f"{'requests sent':<28}{result['requests_sent']:>10}")
+    print(f"{'requests lost':<28}{result['lost_requests']:>10}")
+    print(f"{'worst /health latency (s)':<28}{'n/a' if worst is None else f'{worst:.3f}':>10}")
+    for key in ("api_rss_mb_start", "api_rss_mb_end"):
+        value = result[key]
+        print(f"{key.replace('_', ' '):<28}{'n/a' if value is None else f'{value:.0f}':>10}")
     print(f"lost requests: {result['lost_requests']}; unhealthy samples: {result['unhealthy_samples']}; "
           f"server alive at the end: {result['server_alive_at_end']}, exit code {result['server_exit_code']}")
     pushes = result["weight_pushes"]
@@ -482,6 +560,7 @@ def main() -> None:
     print_report(result)
     if args.json_path:
         write_json(args.json_path, result, indent=1)
+        print(f"wrote {args.json_path}")
     if args.plot:
         write_plot(done.samples, args.plot, args.warmup_minutes * 60)
 

@@ -242,6 +242,15 @@ def test_compose_passes_only_settings_the_server_knows() -> None:
     assert set(environment) <= fields, set(environment) - fields
 
 
+def test_compose_server_answers_to_the_name_prometheus_scrapes_it_by() -> None:
+    from samrollout.server.api.request_gate import HostRule, parse_list
+
+    allowed = _interpolate(_compose()["services"]["samrollout"]["environment"]["SAMROLLOUT_ALLOWED_HOSTS"], {})
+    target = yaml.safe_load((ROOT / "deploy/prometheus/prometheus.yml").read_text())["scrape_configs"][0][
+        "static_configs"][0]["targets"][0]
+    assert HostRule("0.0.0.0", parse_list(allowed)).admits(target.split(":")[0]), (allowed, target)
+
+
 def _interpolate(value: str, environ: dict[str, str]) -> str:
     """Compose's interpolation of ``${VAR}``, ``${VAR:-default}`` and ``${VAR:?error}`` (unset or empty: error)."""
     def one(match: re.Match[str]) -> str:

@@ -33,6 +33,7 @@ from yamllint.cli import find_files_recursively
 from yamllint.config import YamlLintConfig
 
 from samrollout.drafter import DraftPolicy
+from samrollout.server.api.request_gate import HostRule, parse_list
 from samrollout.server.settings import ServerSettings, parse_peer_urls
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -404,7 +405,8 @@ def test_default_values_run_the_server_with_its_own_defaults(chart: helm.Chart,
         "SAMROLLOUT_HOST", "SAMROLLOUT_PORT", "SAMROLLOUT_TENSOR_PARALLEL_SIZE", "SAMROLLOUT_API_KEY",
         "SAMROLLOUT_WEIGHT_PEERS",  # the pods of the headless service (weightFanOut), plain http:
         "SAMROLLOUT_ALLOW_PLAIN_HTTP_PEERS",  # allowed explicitly (the chart has no TLS)
-        "SAMROLLOUT_WEIGHT_STAGING_DIR"}  # a 0700 folder the server makes in the staging emptyDir
+        "SAMROLLOUT_WEIGHT_STAGING_DIR",  # a 0700 folder the server makes in the staging emptyDir
+        "SAMROLLOUT_ALLOWED_HOSTS"}  # the names of the chart's services (the Host check)
     for field in ServerSettings.model_fields:
         monkeypatch.delenv(f"SAMROLLOUT_{field.upper()}", raising=False)
     for name, value in environ.items():
@@ -637,6 +639,18 @@ def test_termination_grace_outlasts_the_server_shutdown_timeout(chart: helm.Char
     assert render(chart).pod["terminationGracePeriodSeconds"] == 60  # 30 s default + 30 s
     assert render(chart, {"server": {"shutdownTimeout": 90.5}}).pod["terminationGracePeriodSeconds"] == 121
     assert render(chart, {"terminationGracePeriodSeconds": 300}).pod["terminationGracePeriodSeconds"] == 300
+
+
+def test_the_server_answers_to_the_names_of_the_charts_services(chart: helm.Chart) -> None:
+    """The Host check (SAMROLLOUT_ALLOWED_HOSTS) admits the chart's services and their pods by any cluster name."""
+    release = render(chart)
+    rule = HostRule("0.0.0.0", parse_list(release.env["SAMROLLOUT_ALLOWED_HOSTS"]["value"]))
+    for name in (FULLNAME, f"{FULLNAME}.{NAMESPACE}", f"{FULLNAME}.{NAMESPACE}.svc.cluster.local",
+                 f"{FULLNAME}-headless.{NAMESPACE}.svc", f"{FULLNAME}-0.{FULLNAME}-headless.{NAMESPACE}.svc"):
+        assert rule.admits(name), name
+    assert not rule.admits("evil.example") and not rule.admits(f"{FULLNAME}.evil.example")
+    own = render(chart, {"server": {"allowedHosts": "rollout.example.com"}})
+    assert own.env["SAMROLLOUT_ALLOWED_HOSTS"]["value"] == "rollout.example.com"  # set by hand: kept
 
 
 def test_pods_are_each_others_weight_peers_through_a_headless_service(chart: helm.Chart) -> None:

@@ -125,7 +125,7 @@ def test_a_fifo_in_the_weights_directory_is_refused_at_once_and_later_updates_st
 
 def test_a_200_mb_body_is_refused_with_413_before_it_is_read(guarded_server: ServerProcess) -> None:
     sock = _connect(guarded_server)
-    head = (f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {API_KEY}\r\n"
+    head = (f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {API_KEY}\r\n"
             f"Content-Type: application/json\r\nContent-Length: {200 * 1024 * 1024}\r\n\r\n")
     sock.sendall(head.encode() + b'{"model": "tiny", "prompt": [' + b"1, " * 10_000)
     answer = _read_until_closed(sock, limit_s=10)
@@ -137,7 +137,7 @@ def test_a_200_mb_body_is_refused_with_413_before_it_is_read(guarded_server: Ser
 def test_a_chunked_body_growing_past_the_limit_is_refused_with_413(guarded_server: ServerProcess) -> None:
     """No Content-Length: the body is counted as it streams in, and refused once it passes 32 MiB."""
     sock = _connect(guarded_server)
-    sock.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {API_KEY}\r\n"
+    sock.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {API_KEY}\r\n"
                  "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n".encode())
     piece = b"a" * (1024 * 1024)
     try:
@@ -161,7 +161,7 @@ def test_bodies_under_the_limit_are_served(guarded_server: ServerProcess) -> Non
 
 def test_a_slowloris_connection_is_closed_after_the_header_timeout(guarded_server: ServerProcess) -> None:
     sock = _connect(guarded_server)
-    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n")
     started = time.monotonic()
     sock.settimeout(0.5)
     closed = False
@@ -189,7 +189,7 @@ def test_a_body_trickled_past_the_body_timeout_gets_408_and_the_connection_close
     # The headers arrive at once (the header timeout is met); the body then comes a byte every half second.
     body = json.dumps({"model": "tiny", "prompt": "trickled", "max_tokens": 2}).encode()
     sock = _connect(guarded_server)
-    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                  b"Authorization: Bearer " + API_KEY.encode() + b"\r\n"
                  b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n")
     started, answer = time.monotonic(), b""
@@ -273,7 +273,7 @@ def test_api_docs_need_the_key(guarded_server: ServerProcess, path: str) -> None
                                     b"bearer  " + API_KEY.encode() + b"x"])
 def test_any_malformed_authorization_header_is_401(guarded_server: ServerProcess, header: bytes) -> None:
     sock = _connect(guarded_server)
-    sock.sendall(b"GET /admin/status HTTP/1.1\r\nHost: x\r\nConnection: close\r\nAuthorization: " + header +
+    sock.sendall(b"GET /admin/status HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nAuthorization: " + header +
                  b"\r\n\r\n")
     answer = _read_until_closed(sock, limit_s=30)
     assert answer.startswith(b"HTTP/1.1 401"), answer[:300]

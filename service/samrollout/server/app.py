@@ -19,6 +19,7 @@ from samrollout.metrics.http_errors import CountHttpErrors
 from samrollout.server.api import admin_routes, openai_routes, weight_upload_routes
 from samrollout.server.api.auth import require_api_key
 from samrollout.server.api.http_limits import BodyLimit
+from samrollout.server.api.request_gate import RequestGate
 from samrollout.server.areal import areal_routes
 from samrollout.server.areal.generation_gate import GenerationGate
 from samrollout.server.engine.engine_watch import engine_dead, exit_when_engine_dies, start_up_heartbeat
@@ -39,7 +40,8 @@ def build_app(settings: ServerSettings) -> FastAPI:
         with start_up_heartbeat():
             runtime = await start_runtime(settings, app.state)
         if settings.areal_routes:
-            runtime.generation_gate = GenerationGate()  # AReaL's pause holds new requests here
+            # AReaL's pause holds new requests here (a bounded number, for a bounded time)
+            runtime.generation_gate = GenerationGate(settings.areal_max_held_requests, settings.areal_hold_timeout)
         count_api_aborts(runtime.engine)  # disconnects, /admin/abort_rollout: finish_reason="abort"
         app.state.runtime = runtime
         logger.info("serving %s (weights %s) with speculation %s", runtime.model_name, runtime.weight_version,
@@ -66,6 +68,7 @@ def build_app(settings: ServerSettings) -> FastAPI:
     install_error_handlers(app)
     app.add_middleware(RequestEnd)
     app.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes, body_timeout=settings.body_timeout)
+    app.add_middleware(RequestGate, settings=settings)  # Host, Origin, key, body type: before any body is read
     app.add_middleware(CountHttpErrors)
     _add_api_docs(app)
     app.include_router(openai_routes.router)

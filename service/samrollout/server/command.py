@@ -58,9 +58,10 @@ def run_serve(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, lambda *_: None)
     from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
-    from samrollout.server.api.http_limits import guarded_http_protocol
+    from samrollout.server.api.http_limits import connection_budgets, guarded_http_protocol
 
-    protocol = guarded_http_protocol(AutoHTTPProtocol, settings.max_connections, settings.header_timeout)
+    budgets = connection_budgets(settings.max_connections, settings.areal_port, settings.trainer_max_connections)
+    protocol = guarded_http_protocol(AutoHTTPProtocol, budgets, settings.header_timeout)
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level,
                             timeout_graceful_shutdown=int(settings.shutdown_timeout), http=protocol,
                             timeout_keep_alive=settings.keep_alive_timeout)

@@ -207,7 +207,26 @@ class ServerSettings(BaseSettings):
         32 * 1024 * 1024, ge=1024, json_schema_extra=_metavar("BYTES"),
         description="largest request body (413 beyond, before it is read); weight "
         "files pushed to /admin/weight_uploads have their own limit")
-    max_connections: int = Field(1024, ge=1, description="open HTTP connections (beyond: 503 and closed)")
+    max_connections: int = Field(
+        1024, ge=1, description="open HTTP connections on --port (beyond: 503 and closed); the trainer's port "
+        "--areal-port has its own budget (--trainer-max-connections)")
+    trainer_max_connections: int = Field(
+        256, ge=1, description="open HTTP connections on the trainer's port --areal-port, never taken by --port's "
+        "(beyond: 503 and closed)")
+    areal_max_held_requests: int = Field(
+        4096, ge=0, description="with --areal-routes: generation requests AReaL's pause may hold at once (beyond: "
+        "429 with Retry-After)")
+    areal_hold_timeout: float = Field(
+        1200.0, gt=0.0, json_schema_extra=_metavar("SECONDS"),
+        description="with --areal-routes: seconds a request held by AReaL's pause waits for continue (then 503)")
+    allowed_hosts: str = Field(
+        "", json_schema_extra=_metavar("HOSTS"),
+        description="Host header names accepted besides IP literals, localhost names and --host (comma-separated; "
+        "'.example.com' also admits its subdomains, '*' admits any): others get 403, which stops DNS rebinding")
+    allowed_origins: str = Field(
+        "", json_schema_extra=_metavar("ORIGINS"),
+        description="browser origins (scheme://host[:port], comma-separated, '*' for any) whose requests are "
+        "served besides same-origin ones; a request with any other Origin header gets 403")
     header_timeout: float = Field(
         15.0, gt=0.0, json_schema_extra=_metavar("SECONDS"),
         description="seconds a connection may take to send a request's headers (also an idle "

@@ -242,3 +242,22 @@ the chart always sets) in clear, refused unless server.allowPlainHttpPeers is tr
 {{- fail "weightFanOut makes the pods each other's peers over plain http:// (the chart has no TLS), which server.allowPlainHttpPeers: false refuses: leave it null (the chart then allows it), set weightFanOut.enabled: false, or give server.weightPeers as https:// URLs" }}
 {{- end }}
 {{- end }}
+
+{{/*
+The Host names the server answers to (SAMROLLOUT_ALLOWED_HOSTS, unless server.allowedHosts is set): the chart's
+services, short and qualified, and (a leading dot: any name under it) their pods' names; IP literals (probes,
+Prometheus by pod IP) and localhost need no entry.
+*/}}
+{{- define "samrollout.allowedHosts" -}}
+{{- $ns := .Release.Namespace -}}
+{{- $names := list -}}
+{{- range $service := list (include "samrollout.fullname" .) (printf "%s-headless" (include "samrollout.fullname" .)) -}}
+{{- range $qualified := list $service (printf "%s.%s" $service $ns) (printf "%s.%s.svc" $service $ns) (printf "%s.%s.svc.cluster.local" $service $ns) -}}
+{{- $names = append $names $qualified -}}
+{{- if ne $qualified $service -}}
+{{- $names = append $names (printf ".%s" $qualified) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- join "," $names -}}
+{{- end -}}

@@ -109,6 +109,10 @@ spec:
     - name: SAMROLLOUT_WEIGHT_STAGING_DIR
       value: {{ printf "%s/weight-uploads" (trimSuffix "/" .Values.weightStaging.mountPath) | quote }}
     {{- end }}
+    {{- if not (get .Values.server "allowedHosts") }}
+    - name: SAMROLLOUT_ALLOWED_HOSTS
+      value: {{ include "samrollout.allowedHosts" . | quote }}
+    {{- end }}
     - name: SAMROLLOUT_API_KEY
       valueFrom:
         secretKeyRef:

@@ -3,7 +3,9 @@
 - `guarded_http_protocol` wraps uvicorn's HTTP protocol class: a connection must deliver a
   request's complete headers within ``header_timeout`` seconds of opening (or of its previous
   response), so slowloris clients and idle sockets are closed; beyond ``max_connections`` open
-  connections a new one gets a 503 and is closed at once.  Idle keep-alive connections are
+  connections a new one gets a 503 and is closed at once.  Each listening port has its own budget
+  (`ConnectionBudgets`): the trainer's port (``--areal-port``) counts only its own connections,
+  so a client holding every connection of ``--port`` cannot lock the trainer out.  Idle keep-alive connections are
   closed by uvicorn's own ``timeout_keep_alive``.
 - `BodyLimit` is an ASGI middleware refusing request bodies over ``max_bytes`` with a 413: from
   ``Content-Length`` before any of the body is read, or while a chunked body streams in, so a
@@ -51,11 +53,57 @@ def _raw_response(status: int, reason: str, message: str) -> bytes:
     return head + body
 
 
-def guarded_http_protocol(base: type[asyncio.Protocol], max_connections: int,
+class ConnectionBudgets:
+    """How many connections each listening port may hold open, and how many it holds now."""
+
+    def __init__(self, default_limit: int, limits: dict[int, tuple[int, str]] | None = None) -> None:
+        """``default_limit``: any port's (``--max-connections``); ``limits``: port -> (its own limit, its flag)."""
+        self.default_limit, self.limits = default_limit, dict(limits or {})
+        self.open: dict[int | None, int] = {}
+
+    def limit(self, port: int | None) -> tuple[int, str]:
+        """The limit of connections on ``port`` and the flag that sets it."""
+        return self.limits.get(port, (self.default_limit, "--max-connections")) if port is not None \
+            else (self.default_limit, "--max-connections")
+
+    def take(self, port: int | None) -> bool:
+        """Count a new connection on ``port``; False (not counted) when the port's budget is spent."""
+        if self.open.get(port, 0) >= self.limit(port)[0]:
+            return False
+        self.open[port] = self.open.get(port, 0) + 1
+        return True
+
+    def release(self, port: int | None) -> None:
+        """A counted connection on ``port`` closed."""
+        self.open[port] = max(0, self.open.get(port, 0) - 1)
+
+
+def _local_port(transport: asyncio.BaseTransport) -> int | None:
+    """The local port a connection arrived on (None for a socket without one)."""
+    name = transport.get_extra_info("sockname")
+    return name[1] if isinstance(name, tuple) and len(name) >= 2 else None
+
+
+def _refuse_over_budget(transport: Any, limit: int, setting: str, port: int | None) -> None:
+    """Answer a connection past its port's budget with a 503 and close it (counted like the app's errors)."""
+    logger.warning("refused a connection on port %s: %d open (%s)", port, limit, setting)
+    message = f"too many open connections (at most {limit}, {setting})"
+    transport.write(_raw_response(503, "Service Unavailable", message))
+    transport.close()
+    HTTP_ERRORS.labels(code="503").inc()
+
+
+def connection_budgets(max_connections: int, trainer_port: int | None = None,
+                       trainer_max_connections: int = 256) -> ConnectionBudgets:
+    """``--max-connections`` for every port, and ``trainer_port`` (``--areal-port``) with a budget of its own."""
+    own = {} if trainer_port is None else {trainer_port: (trainer_max_connections, "--trainer-max-connections")}
+    return ConnectionBudgets(max_connections, own)
+
+
+def guarded_http_protocol(base: type[asyncio.Protocol], budgets: ConnectionBudgets,
                           header_timeout: float) -> type[asyncio.Protocol]:
-    """uvicorn's HTTP protocol class ``base`` with a header deadline and a connection limit (module docstring)."""
-    refused = _raw_response(503, "Service Unavailable",
-                            f"too many open connections (at most {max_connections}, --max-connections)")
+    """uvicorn's HTTP protocol class ``base`` with a header deadline and a connection limit per port (`budgets`,
+    module docstring)."""
     timed_out = _raw_response(408, "Request Timeout",
                               f"request headers not received within {header_timeout:g} s (--header-timeout)")
 
@@ -64,16 +112,15 @@ def guarded_http_protocol(base: type[asyncio.Protocol], max_connections: int,
 
         _header_timer: asyncio.TimerHandle | None = None
         _awaited_cycle: Any = None
+        _counted: tuple[int | None] | None = None  # (the port) while this connection is counted in its budget
 
         def connection_made(self, transport: asyncio.BaseTransport) -> None:
             super().connection_made(transport)
-            if len(self.connections) > max_connections:
-                logger.warning("refused a connection: %d open (--max-connections %d)", len(self.connections) - 1,
-                               max_connections)
-                self.transport.write(refused)
-                self.transport.close()
-                HTTP_ERRORS.labels(code="503").inc()
+            port = _local_port(transport)
+            if not budgets.take(port):
+                _refuse_over_budget(self.transport, *budgets.limit(port), port)
                 return
+            self._counted = (port,)
             self._arm_header_timer()
 
         def data_received(self, data: bytes) -> None:
@@ -89,6 +136,9 @@ def guarded_http_protocol(base: type[asyncio.Protocol], max_connections: int,
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._cancel_header_timer()
+            if self._counted is not None:
+                budgets.release(self._counted[0])
+                self._counted = None
             super().connection_lost(exc)
 
         def _arm_header_timer(self) -> None:

@@ -41,6 +41,7 @@ from samrollout.server.areal.generation_gate import AReaLPause, GenerationGate
 from samrollout.server.engine.runtime import ServerRuntime
 from samrollout.server.errors import ApiError
 from samrollout.server.weights.update_modes import update_mode
+from samrollout.server.weights.weights_root import check_path_limits
 from samrollout_client.protocol.areal_checkpoints import areal_version
 from samrollout_client.protocol.modes import InFlight
 
@@ -111,6 +112,7 @@ async def update_weights(body: UpdateWeights, request: Request) -> dict[str, Any
     runtime, gate = _runtime(request)
     keep_going = gate.closed and gate.pause == "continue" and not body.abort_all_requests
     in_flight: InFlight = "continue" if keep_going else "abort"
+    check_path_limits(body.model_path, "model_path")  # before any work on it (weights_root)
     version = areal_version(body.model_path)
     cost = await runtime.update_weights(body.model_path, version, in_flight, param="model_path")
     return _done(f"weights {version} loaded from {body.model_path}", **cost)

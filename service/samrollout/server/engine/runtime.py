@@ -48,7 +48,7 @@ from samrollout.server.weights.weights_check import (
     WeightsError,
     check_weights_dir,
 )
-from samrollout.server.weights.weights_root import WeightsRoot
+from samrollout.server.weights.weights_root import WeightsRoot, check_path_limits
 from samrollout.spec_decode.stats import ProposerStats
 from samrollout.vllm_plugins.engine_steps import METHOD
 from samrollout_client.protocol.modes import InFlight, PauseMode
@@ -209,8 +209,16 @@ class ServerRuntime:
     async def update_weights(self, path: str, version: str, in_flight: InFlight, param: str = "path") -> dict[str, Any]:
         """Load new policy weights from the directory a client named (``POST /admin/update_weights``, AReaL's
         ``/areal_update_weights``): confined to ``--weights-root`` (`weights_root`: 403 outside it, the request field
-        ``param`` named), then `load_weights`."""
-        folder = self.weights_root.confine(path, param)
+        ``param`` named), then `load_weights`.  The path is capped first (`check_path_limits`) and resolved off the
+        event loop, bounded by --weight-check-timeout, so no path a caller names can hold other requests."""
+        check_path_limits(path, param)
+        limit = self.settings.weight_check_timeout
+        try:
+            folder = await call_with_deadline(self.weights_root.confine, path, param, timeout=limit,
+                                              name="samrollout-weights-path")
+        except TimeoutError:
+            raise ApiError(400, f"weights not loaded: resolving {param} took over {limit:g} s "
+                           "(--weight-check-timeout); the served weights are kept", param) from None
         return await self.load_weights(folder, version, in_flight, param=param, source=path,
                                        allowed=self.weights_root.holds if self.weights_root.root else None)
 

@@ -9,6 +9,11 @@ to a file elsewhere is refused the same way.  The refusal is the same whether th
 not, and says nothing of what is there: the checks that read files (`weights_check`) run only on a
 path inside the root, and the server then loads the resolved directory, not the name it was given.
 Weights pushed over HTTP are staged by the server itself and are not subject to the root.
+
+A caller's path is capped before any work (`check_path_limits`: at most `MAX_PATH_BYTES` in all and
+`MAX_NAME_BYTES` per component, as Linux's PATH_MAX and NAME_MAX, no NUL; else a 400 naming the
+limit), and the resolution itself reads the filesystem, so the runtime runs `confine` off the event
+loop, bounded in time: a long or hostile path costs the caller, never the server's other requests.
 """
 
 from __future__ import annotations
@@ -20,6 +25,27 @@ from samrollout.server.errors import ApiError
 
 OUTSIDE = ("is outside --weights-root: this server loads weights by path only from inside its weights root "
            "(symbolic links and '..' resolved); save them there, or push them (/admin/weight_uploads)")
+
+
+MAX_PATH_BYTES = 4096
+"""The longest path a caller may name, in UTF-8 bytes (Linux's PATH_MAX)."""
+MAX_NAME_BYTES = 255
+"""The longest component of such a path, in UTF-8 bytes (Linux's NAME_MAX)."""
+
+
+def check_path_limits(path: str, param: str) -> None:
+    """ApiError 400 naming the limit unless ``path`` is at most `MAX_PATH_BYTES` bytes, each component at most
+    `MAX_NAME_BYTES`, without NUL; cheap (one pass), run before anything reads the path."""
+    if "\x00" in path:
+        raise ApiError(400, f"weights not loaded: {param} contains a NUL character", param)
+    size = len(path.encode("utf-8", "surrogatepass"))
+    if size > MAX_PATH_BYTES:
+        raise ApiError(400, f"weights not loaded: {param} is {size} bytes long, over the limit of {MAX_PATH_BYTES} "
+                       "bytes for a path", param)
+    longest = max((len(part.encode("utf-8", "surrogatepass")) for part in path.split("/")), default=0)
+    if longest > MAX_NAME_BYTES:
+        raise ApiError(400, f"weights not loaded: a component of {param} is {longest} bytes long, over the limit of "
+                       f"{MAX_NAME_BYTES} bytes for one name in a path", param)
 
 
 class WeightsRoot:
