@@ -270,7 +270,7 @@ def _bad_updates(tiny_weights_v2: Path, work: Path) -> dict[str, tuple[str, str]
     (fifo / weights.name).unlink()
     os.mkfifo(fifo / weights.name)  # reading it would block until someone writes
     cases["a FIFO instead of the weights file"] = (str(fifo), f"{weights.name} is a FIFO")
-    cases["a 100,000-character path"] = ("/" + "w" * 99_999, "too long")
+    cases["a 100,000-character path"] = ("/" + "w" * 99_999, "over the limit of 4096 bytes for a path")
     cases["a file instead of a directory"] = (str(weights), "is not a directory")
     cases["a directory that does not exist"] = (str(work / "absent"), "does not exist")
     return cases

@@ -14,6 +14,8 @@ from pydantic import ValidationError
 from samrollout.server.engine.engine_watch import ENGINE_DIED_EXIT_CODE
 from samrollout.server.settings import add_settings_flags, settings_from_args
 from samrollout.server.vllm_compat.vllm_version import UnsupportedVllmError, serving_series
+from samrollout.server.weights.staging_dir import StagingDirError, private_staging_root
+from samrollout.server.weights.weight_uploads import staging_root
 
 STARTUP_FAILED_EXIT_CODE = 3  # as uvicorn: the engine or the app could not start
 KEY_ON_COMMAND_LINE = ("samrollout serve: warning: --api-key on the command line shows in `ps` (and /proc) to every "
@@ -38,6 +40,11 @@ def run_serve(args: argparse.Namespace) -> int:
         settings.speculation_config("cpu")  # checks them (any device: the engine's own applies at start)
     except (ValidationError, ValueError) as exc:
         print(f"samrollout serve: invalid settings:\n{exc}", file=sys.stderr)
+        return 2
+    try:  # before vLLM is imported: a staging root another user could write to stops the start at once
+        private_staging_root(staging_root(settings.weight_staging_dir))
+    except (StagingDirError, OSError) as exc:
+        print(f"samrollout serve: {exc}", file=sys.stderr)
         return 2
     try:
         serving_series()

@@ -12,7 +12,6 @@ import argparse
 import logging
 import os
 import sys
-from pathlib import Path
 from typing import Any
 
 from starlette.datastructures import State
@@ -32,7 +31,7 @@ from samrollout.server.weights.staging_dir import private_staging_root
 from samrollout.server.weights.weight_epoch import EpochSaltedEngine, WeightEpoch
 from samrollout.server.weights.weight_labels import WeightLabels, labelling_client
 from samrollout.server.weights.weight_peers import WeightPeers, new_server_id
-from samrollout.server.weights.weight_uploads import WeightUploads, default_max_bytes, default_staging_root
+from samrollout.server.weights.weight_uploads import WeightUploads, default_max_bytes, staging_root
 from samrollout.server.weights.weights_check import Layout, checkpoint_layout
 from samrollout.server.weights.weights_root import WeightsRoot
 
@@ -190,7 +189,7 @@ def open_weight_uploads(settings: ServerSettings, layout: Layout | None) -> Weig
     A directory that cannot be created or written, or that is not private to this server (`staging_dir`), stops
     the start with a message naming it.
     """
-    root = Path(settings.weight_staging_dir) if settings.weight_staging_dir else default_staging_root()
+    root = staging_root(settings.weight_staging_dir)
     max_bytes = settings.max_weight_upload_bytes or default_max_bytes(layout)
     try:
         private_staging_root(root)

@@ -58,6 +58,11 @@ def default_staging_root() -> Path:
     return cache_root() / STAGING_SUBDIR
 
 
+def staging_root(weight_staging_dir: str | None) -> Path:
+    """The staging root a server uses: ``--weight-staging-dir`` when set, else `default_staging_root`."""
+    return Path(weight_staging_dir) if weight_staging_dir else default_staging_root()
+
+
 def default_max_bytes(layout: Layout | None) -> int:
     """The default bound of one upload: twice the served checkpoint's tensor bytes plus 64 MiB.
 
