@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import queue
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -18,6 +20,7 @@ from typing import Any, Literal
 import pytest
 
 from samrollout.models import build_tiny_model, cache_root, ensure_smollm2
+from samrollout.server.weights.load_holds import HOLD_DIR_ENV
 from samrollout.testing import free_port
 
 HERE = Path(__file__).parent
@@ -221,6 +224,7 @@ ServerArgs = Callable[[Path], list[str]]
 """A server's ``samrollout serve`` flags, given the tiny model's directory."""
 # Servers of their own modules (`server_fixture`), by fixture name: launched ahead of their first test.
 AHEAD_SERVERS: dict[str, ServerArgs] = {}
+AHEAD_ENV: dict[str, dict[str, str]] = {}  # fixture name -> what its server's environment adds
 # Launching servers ahead is held to this share of the machine's memory, counting every server alive: each
 # reserves its --gpu-memory-utilization (0.3 when not given: the CPU default) plus SERVER_PROCESS_MEMORY.
 AHEAD_MEMORY = 0.75
@@ -260,12 +264,12 @@ def _memory_share(args: list[str]) -> float:
     return reserved + SERVER_PROCESS_MEMORY
 
 
-def _launch(args: list[str], log: Path, port: int | None = None) -> Any:
-    """`samrollout.testing.launch_server` (returns at once; on ``port`` if given), the server counted in
-    `_launches`."""
+def _launch(args: list[str], log: Path, port: int | None = None, env: dict[str, str] | None = None) -> Any:
+    """`samrollout.testing.launch_server` (returns at once; on ``port`` if given, ``env`` added to its
+    environment), the server counted in `_launches`."""
     from samrollout.testing import launch_server
 
-    server = launch_server(args, log, port=port)
+    server = launch_server(args, log, env, port=port)
     _launches.alive.append((server, _memory_share(args)))
     return server
 
@@ -323,7 +327,7 @@ def _launch_ahead() -> None:
         if _launches.held() + _memory_share(args) > AHEAD_MEMORY:
             return
         _launches.ahead.pop(0)
-        _launched[name] = _launch(args, _launches.logs / f"{name}.log", PEER_PORTS.get(name))
+        _launched[name] = _launch(args, _launches.logs / f"{name}.log", PEER_PORTS.get(name), AHEAD_ENV.get(name))
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
@@ -356,20 +360,24 @@ def take_server(name: str, args: ServerArgs, tiny_dir: Path, tmp_path_factory: p
     server = _launched.pop(name, None)
     if server is None:  # not launched ahead (no memory for it yet): started now, and never launched ahead after
         _launches.ahead = [(place, ahead) for place, ahead in _launches.ahead if ahead != name]
-        server = _launch(args(tiny_dir), tmp_path_factory.mktemp(name) / "server.log", PEER_PORTS.get(name))
+        server = _launch(args(tiny_dir), tmp_path_factory.mktemp(name) / "server.log", PEER_PORTS.get(name),
+                         AHEAD_ENV.get(name))
     server.ready()
     _launch_ahead()  # the next one may start now
     return server
 
 
-def server_fixture(name: str, args: ServerArgs, scope: Literal["module", "function"] = "module") -> Any:
-    """A fixture ``name``: `samrollout serve` with flags ``args``, launched ahead of its first test
-    (`AHEAD_SERVERS`), stopped with SIGTERM after its last.
+def server_fixture(name: str, args: ServerArgs, scope: Literal["session", "module", "function"] = "module",
+                   env: dict[str, str] | None = None) -> Any:
+    """A fixture ``name``: `samrollout serve` with flags ``args`` (and ``env`` added to its environment), launched
+    ahead of its first test (`AHEAD_SERVERS`), stopped with SIGTERM after its last.
 
     For a module's own server: its start (about 45 s, mostly single-threaded imports) overlaps the tests
     before it instead of leaving a CPU idle.
     """
     AHEAD_SERVERS[name] = args
+    if env:
+        AHEAD_ENV[name] = env
 
     @pytest.fixture(scope=scope, name=name)
     def fixture(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
@@ -402,6 +410,23 @@ def second_tiny_server(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory)
     server = shared_server("second_tiny_server", tiny_dir, tmp_path_factory)
     yield server
     stop_in_background(server)
+
+
+WEIGHT_LOAD_HOLDS = Path(tempfile.mkdtemp(prefix="samrollout-weight-load-holds-"))
+"""Where a test holds `held_server`'s weight loads at a point: while ``hold-<point>`` exists there, a load waits
+at that point (`samrollout.server.weights.load_holds`), standing for a slow disk or load without a clock."""
+atexit.register(shutil.rmtree, WEIGHT_LOAD_HOLDS, ignore_errors=True)
+
+
+def held_server_args(tiny_dir: Path) -> list[str]:
+    """No key (loopback), AReaL's routes, loads from any path: for weight loads held mid-way and no-key checks."""
+    return ["--model", str(tiny_dir), "--served-model-name", "tiny", "--areal-routes", "--allow-any-weights-path",
+            "--max-model-len", str(TINY_CONTEXT), "--dtype", "float32",
+            "--gpu-memory-utilization", str(TINY_SERVER_MEMORY)]
+
+
+held_server = server_fixture("held_server", held_server_args, scope="session",
+                             env={HOLD_DIR_ENV: str(WEIGHT_LOAD_HOLDS)})
 
 
 @pytest.fixture(scope="session")

@@ -2,8 +2,8 @@
 
 Two real servers on the tiny model.  `gate_server` has an API key, AReaL's routes on the
 trainer's own port, a weights root, a main port of only `MAIN_CONNECTIONS` connections, and a
-pause that holds at most `MAX_HELD` requests for `HOLD_TIMEOUT_S` seconds.  `open_gate_server`
-has no key (loopback, AReaL's routes): the Host, Origin and body-type checks hold there too.
+pause that holds at most `MAX_HELD` requests for `HOLD_TIMEOUT_S` seconds.  conftest's
+`held_server` has no key (loopback, AReaL's routes): the Host, Origin and body-type checks hold there too.
 
 - a 400 KB ``model_path`` on the trainer's port: a 400 naming the limit in under a second,
   ``/health`` answering in under a second throughout (before issue 59 it froze the server 130 s);
@@ -57,16 +57,7 @@ def gate_server_args(tiny_dir: Path) -> list[str]:
             "--gpu-memory-utilization", str(TINY_SERVER_MEMORY)]
 
 
-def open_gate_server_args(tiny_dir: Path) -> list[str]:
-    """No key, on loopback, with AReaL's routes confined to a weights root."""
-    ROOT.mkdir(exist_ok=True)
-    return ["--model", str(tiny_dir), "--served-model-name", "tiny", "--areal-routes", "--weights-root", str(ROOT),
-            "--max-model-len", str(TINY_CONTEXT), "--dtype", "float32",
-            "--gpu-memory-utilization", str(TINY_SERVER_MEMORY)]
-
-
 gate_server = server_fixture("gate_server", gate_server_args)
-open_gate_server = server_fixture("open_gate_server", open_gate_server_args)
 
 
 def _rss_kb(pid: int) -> int:
@@ -207,31 +198,31 @@ def test_a_request_without_the_key_is_refused_before_its_body_with_connection_cl
     ("a foreign Host", {"Host": "evil.example", "Content-Type": "application/json"}, 403),
     ("a foreign Origin", {"Origin": "http://evil.example", "Content-Type": "application/json"}, 403),
     ("a null Origin", {"Origin": "null", "Content-Type": "application/json"}, 403)])
-def test_browser_shaped_requests_are_refused_without_a_key(open_gate_server: ServerProcess, what: str,
+def test_browser_shaped_requests_are_refused_without_a_key(held_server: ServerProcess, what: str,
                                                            headers: dict[str, str], status: int) -> None:
     for path in ("/admin/update_weights", "/areal_update_weights"):
-        reply = httpx.post(f"{open_gate_server.url}{path}", timeout=30, headers=headers,
+        reply = httpx.post(f"{held_server.url}{path}", timeout=30, headers=headers,
                            content=f'{{"path": "{ROOT}", "model_path": "{ROOT}", "version": "x"}}')
         assert reply.status_code == status, (what, path, reply.text)
         assert reply.json()["error"]["code"] == status
-    own = httpx.get(f"{open_gate_server.url}/admin/status", timeout=30,
-                    headers={"Origin": open_gate_server.url})
+    own = httpx.get(f"{held_server.url}/admin/status", timeout=30,
+                    headers={"Origin": held_server.url})
     assert own.status_code == 200, own.text  # the server's own origin is served
 
 
 @pytest.fixture
-def client(open_gate_server: ServerProcess) -> Iterator[RolloutClient]:
-    with RolloutClient(open_gate_server.url, model="tiny", max_in_flight=8) as rollout_client:
+def client(held_server: ServerProcess) -> Iterator[RolloutClient]:
+    with RolloutClient(held_server.url, model="tiny", max_in_flight=8) as rollout_client:
         yield rollout_client
 
 
-def test_the_real_client_and_the_openai_client_still_work(open_gate_server: ServerProcess, client: RolloutClient,
+def test_the_real_client_and_the_openai_client_still_work(held_server: ServerProcess, client: RolloutClient,
                                                           tiny_dir: Path) -> None:
     groups = client.generate(["hello", "world"], n=2, sampling=Sampling(max_tokens=4, seed=1), rollout_id="gate")
     assert [len(g.samples) for g in groups] == [2, 2]
     pushed = client.push_weights(str(tiny_dir), version="gate-pushed")
     assert pushed.version == "gate-pushed"
-    openai = OpenAI(base_url=f"{open_gate_server.url}/v1", api_key="unused")
+    openai = OpenAI(base_url=f"{held_server.url}/v1", api_key="unused")
     completion = openai.completions.create(model="tiny", prompt="hi", max_tokens=4, n=2)
     assert len(completion.choices) == 2
     chat = openai.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=4)

@@ -2,7 +2,7 @@
 whose commit outlives the client's timeout is reported as what the server finally serves, and a level-2 sleep
 never serves discarded weights under the old label.
 
-The real-server tests run on a tiny server of their own whose weight loads a test can hold at a point
+The real-server tests run on conftest's `held_server`, whose weight loads a test can hold at a point
 (``SAMROLLOUT_TEST_HOLD_DIR``, `samrollout.server.weights.load_holds`): a flag file held there stands for a slow
 disk or a slow load, without racing anything against a clock.
 """
@@ -19,11 +19,10 @@ from typing import Any
 import httpx
 import pytest
 
-from conftest import TINY_CONTEXT, TINY_SERVER_MEMORY, stop_in_background
+from conftest import WEIGHT_LOAD_HOLDS
 from samrollout.server.engine.runtime import DISCARDED_VERSION, ServerRuntime
 from samrollout.server.errors import ApiError
-from samrollout.server.weights.load_holds import HOLD_DIR_ENV
-from samrollout.testing import ServerProcess, launch_server
+from samrollout.testing import ServerProcess
 from samrollout_client import AsyncRolloutClient
 from samrollout_client.errors import RequestRejected, SamrolloutError
 from support.frozen_engine import counter, frozen, step_until, until
@@ -32,21 +31,9 @@ HELD_AT = "weight load held at {point}"  # what the server logs once a load wait
 
 
 @pytest.fixture(scope="module")
-def holds(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The folder whose flag files hold the held server's weight loads."""
-    return tmp_path_factory.mktemp("weight-load-holds")
-
-
-@pytest.fixture(scope="module")
-def held_server(tiny_dir: Path, holds: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    """A tiny server (AReaL's routes, no key, loads from any path) whose weight loads `holding` can hold."""
-    args = ["--model", str(tiny_dir), "--served-model-name", "tiny", "--areal-routes", "--allow-any-weights-path",
-            "--max-model-len", str(TINY_CONTEXT), "--dtype", "float32",
-            "--gpu-memory-utilization", str(TINY_SERVER_MEMORY)]
-    server = launch_server(args, tmp_path_factory.mktemp("held-server") / "server.log",
-                           env={HOLD_DIR_ENV: str(holds)}).ready()
-    yield server
-    stop_in_background(server)
+def holds() -> Path:
+    """The folder whose flag files hold `held_server`'s weight loads (conftest's `WEIGHT_LOAD_HOLDS`)."""
+    return WEIGHT_LOAD_HOLDS
 
 
 @contextlib.contextmanager
