@@ -465,7 +465,7 @@ void Drafter::choose_locked(std::size_t rows, int32_t k, const uint8_t* greedy, 
     Proposal slots[kCandidateKinds];
     candidates_locked(r, k, slots, r.candidates.data());
     counted_locked(r, k, slots);
-    agreement_locked(r, k, slots);
+    if (policy_.proposals == Proposals::kCounted) agreement_locked(r, k, slots);  // the copies' model as before
     r.scored = limits[i] > 0;
     int32_t chosen = kNoDraftSource;
     double best = 0.0;
