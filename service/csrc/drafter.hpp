@@ -56,7 +56,7 @@ struct DraftPolicy {
   int64_t max_group_tokens = int64_t{1} << 24;    // group automaton bound
   int64_t max_global_tokens = 0;  // global index of finished responses (all prompts); 0: off
   int32_t global_margin = 4;      // its match must be longer than the chosen one's by more than this
-  Proposals proposals = Proposals::kCounted;  // the adaptive policy's candidates
+  Proposals proposals = Proposals::kCopies;  // the adaptive policy's candidates
 
   // Throws std::invalid_argument naming the first field out of its range.
   void validate() const {

@@ -83,12 +83,11 @@ class DraftPolicy:
     global_margin: int = field(default=4, metadata={"description": (
         "a global draft wins when its match is longer than the own or group match by more than this (other "
         "prompts' text is weaker evidence than the request's own and its group's)")})
-    proposals: Proposals = field(default="counted", metadata={"description": (
-        'the adaptive policy\'s candidates: "counted" (the default: each source\'s text after the recent '
-        "occurrence of the match, and the continuation counted most often after the match, pruned where its "
+    proposals: Proposals = field(default="copies", metadata={"description": (
+        'the adaptive policy\'s candidates: "copies" (each source\'s text after the recent occurrence of the '
+        'match) or "counted" (also the continuation counted most often after the match, pruned where its '
         "probability estimate falls below min_probability, and a second path where the counts split; each "
-        "token's count share and support, and how many other candidates agree with it, are the acceptance "
-        'model\'s evidence; the automata keep counts) or "copies" (the copies alone, without counts)')})
+        "token's count share and support are the acceptance model's evidence; the automata keep counts)")})
 
     def __post_init__(self) -> None:
         for name, hint in policy_field_types().items():

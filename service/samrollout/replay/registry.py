@@ -33,9 +33,8 @@ DEFAULT_DRAFTERS = ("sam", "sam-group", "sam-ref", "ngram", "suffix", "suffix-ca
 # Ours: these follow the engine's static threshold (the published design, sam-ref, included).
 OURS = ("sam", "sam-group", "sam-history", "sam-global", "sam-ref")
 # Ours as the adaptive policy chooses, at a flat step cost (every round; the replay has no step times):
-# the policy as the flags give it (counted proposals by default), with the counted proposals, and with the copies
-# alone (the default before issue 58's agreement evidence).
-ADAPTIVE = ("sam-adaptive", "sam-counted", "sam-copies")
+# the policy as the flags give it, and with the counted proposals.
+ADAPTIVE = ("sam-adaptive", "sam-counted")
 ORACLE = "oracle"
 # The oracle's own sources: the request's own automaton and its group's (the two a sam-group row picks from).
 OWN_SOURCES = ("own", "group")
@@ -88,8 +87,6 @@ def make_drafter(name: str, vocab_size: int, policy: DraftPolicy | None = None,
         return SamGoodputReplayDrafter(name, vocab_size, policy)
     if name == "sam-counted":
         return SamGoodputReplayDrafter(name, vocab_size, replace(policy or DraftPolicy(), proposals="counted"))
-    if name == "sam-copies":
-        return SamGoodputReplayDrafter(name, vocab_size, replace(policy or DraftPolicy(), proposals="copies"))
     if name == "ngram":
         from samrollout.replay.peers import NgramDrafter
 
