@@ -34,6 +34,18 @@ CURRENT = {
                                           "sam-counted against sam-group, suffix-cache and oracle(own+group)",
     "replay-r1distill-k3-adaptive.json": "replay at equal k = 3, every round, R1-distill: sam-adaptive and "
                                          "sam-counted against sam-group, suffix-cache and oracle(own+group)",
+    "replay-r1distill-k3-reach.json": "replay at equal k = 3, every round, R1-distill: sam-counted with the "
+                                      "agreement evidence against sam-adaptive, sam-group, suffix-cache and "
+                                      "oracle(own+group) (issue 58)",
+    "replay-r1distill-k16-reach.json": "replay at equal k = 16, every round, R1-distill: sam-counted with the "
+                                       "agreement evidence against sam-adaptive, sam-group, suffix-cache and "
+                                       "oracle(own+group) (issue 58)",
+    "replay-skyt1-clean-k3-reach.json": "replay at equal k = 3, every round, Sky-T1 clean: sam-counted with the "
+                                        "agreement evidence against sam-adaptive, sam-group, suffix-cache and "
+                                        "oracle(own+group) (issue 58)",
+    "replay-skyt1-clean-k16-reach.json": "replay at equal k = 16, every round, Sky-T1 clean, all 30 groups: "
+                                         "sam-counted with the agreement evidence against sam-adaptive, sam-group, "
+                                         "suffix-cache and oracle(own+group) (issue 58)",
     "replay-skyt1-all-3groups-k3-adaptive.json": "replay at equal k = 3, every round, Sky-T1 all responses, first 3 "
                                                  "groups: the adaptive drafters against sam-group and the oracle",
     "replay-skyt1-clean-10groups-k16-adaptive.json": "replay at equal k = 16, every round, "

@@ -121,3 +121,38 @@ def test_the_adaptive_drafters_replay_at_equal_k_every_round() -> None:
         result = replay(make_drafter(name, VOCAB), groups, 3, 8, None, [[] for _ in groups])
         assert result.drafting_steps == result.row_steps  # drafts in every round
         assert result.mean_acceptance_length > 3.5  # a loop is drafted whole at k = 3 after its first period
+
+
+def _split_stream(slots: int) -> tuple[list[list[int]], list[int]]:
+    """Earlier responses in slots "filler, context (3 tokens), continuation" whose counts are the same in every slot
+    (the majority M twice, another continuation D once) but whose order alternates: in even slots D is the latest
+    (the recent copy and the second path agree on D, the majority stands alone), in odd slots M is (the recent
+    copy and the majority agree, the second path stands alone).  The row's truth is the lone candidate in each.
+    Returns (the responses, the row's truth)."""
+    contexts = [[100 + 3 * i, 101 + 3 * i, 102 + 3 * i] for i in range(slots)]
+    majority = [1000 + i for i in range(slots)]
+    other = [2000 + i for i in range(slots)]
+    order = [(majority, majority, other) if i % 2 == 0 else (majority, other, majority) for i in range(slots)]
+    responses = [[t for i in range(slots) for t in (10_000 + 1000 * w + i, *contexts[i], order[i][w][i])]
+                 for w in range(3)]
+    truth = [t for i in range(slots) for t in (50_000 + i, *contexts[i], (majority if i % 2 == 0 else other)[i])]
+    return responses, truth
+
+
+def test_the_chooser_tells_candidates_with_the_same_counts_apart_by_their_agreement_with_the_others() -> None:
+    responses, truth = _split_stream(120)
+    drafter = _drafter()
+    drafter.add_request("row", PROMPT, group="g")
+    for response in responses:
+        assert drafter.add_to_group("g", response)
+    at, new, hits, k = 0, [truth[0]], [], 1
+    while at < len(truth) - 1:
+        chosen = drafter.step_goodput(["row"], [new], k, np.ones(1, dtype=np.uint8), np.full(1, k, dtype=np.int32),
+                                      np.ones(1), np.ones(k + 1))
+        at += len(new)
+        accepted = int(chosen.lengths[0] > 0 and chosen.drafts[0, 0] == truth[at])
+        if at % 5 == 4:  # a continuation: the candidates differ only here
+            hits.append(bool(accepted))
+        new = truth[at:at + accepted + 1]
+    later = hits[len(hits) // 2:]
+    assert len(later) == 60 and sum(later) >= 0.9 * len(later)  # learned: the lone candidate, whichever kind it is

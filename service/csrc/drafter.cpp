@@ -430,6 +430,29 @@ void Drafter::counted_locked(Request& r, int32_t k, Proposal* slots) const {
   }
 }
 
+void Drafter::agreement_locked(Request& r, int32_t k, const Proposal* slots) const {
+  const auto width = static_cast<std::size_t>(k);
+  for (int32_t s = 0; s < kCandidateKinds; ++s) {
+    const int32_t length = slots[s].length;
+    if (length == 0) continue;
+    const int32_t* mine = r.candidates.data() + static_cast<std::size_t>(s) * width;
+    uint8_t* marks = r.evidence.data() + static_cast<std::size_t>(s) * width;
+    int32_t others = 0;
+    int32_t agree[kMaxDraftTokens] = {};  // how many others share the prefix through each depth
+    for (int32_t o = 0; o < kCandidateKinds; ++o) {
+      if (o == s || slots[o].length == 0) continue;
+      ++others;
+      const int32_t* theirs = r.candidates.data() + static_cast<std::size_t>(o) * width;
+      const int32_t common = std::min(length, slots[o].length);
+      for (int32_t d = 0; d < common && theirs[d] == mine[d]; ++d) ++agree[d];
+    }
+    for (int32_t d = 0; d < length; ++d) {
+      const int32_t agreement = others == 0 ? 0 : std::min(agree[d], 2) + 1;
+      marks[d] = with_agreement(marks[d], agreement);
+    }
+  }
+}
+
 void Drafter::choose_locked(std::size_t rows, int32_t k, const uint8_t* greedy, const int32_t* limits,
                             const double* weights, int32_t* kinds) {
   const auto width = static_cast<std::size_t>(k);
@@ -442,6 +465,7 @@ void Drafter::choose_locked(std::size_t rows, int32_t k, const uint8_t* greedy, 
     Proposal slots[kCandidateKinds];
     candidates_locked(r, k, slots, r.candidates.data());
     counted_locked(r, k, slots);
+    if (policy_.proposals == Proposals::kCounted) agreement_locked(r, k, slots);  // the copies' model as before
     r.scored = limits[i] > 0;
     int32_t chosen = kNoDraftSource;
     double best = 0.0;

@@ -265,6 +265,10 @@ class Drafter {
   // The counted kinds' candidates (Automaton::counted_paths) and every kind's evidence classes, into r's
   // candidate arrays after candidates_locked filled the copies' (slots[0 .. kSources)).
   void counted_locked(Request& r, int32_t k, Proposal* slots) const;
+  // Each candidate token's agreement with the row's other candidates (kAgreementClasses), folded into its
+  // evidence class in r's evidence array, after counted_locked; counted proposals only (on the copies alone it
+  // cost 0.2-0.4% MAL at equal k on the real traces, where with the counted paths it gained 0.6-1.3%).
+  void agreement_locked(Request& r, int32_t k, const Proposal* slots) const;
   // The row's automaton that keeps counts (its group's, else its own) and its string id there; null if none.
   const Automaton* counter_locked(const Request& r, int32_t* sid, int32_t* source) const;
   // step_goodput's choice: each row's candidate kind expected to be accepted longest, and its values.

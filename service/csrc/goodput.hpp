@@ -40,7 +40,18 @@ constexpr int32_t kMatchBuckets = 24;  // 0 (no match), then half octaves 1, 2, 
 // prefix (every earlier occurrence continued so; used where the automaton keeps no counts), then from counts
 // (Automaton::evidence): 2 + 3 * share bin + support bin, the share of the context's continuations that took
 // the token (all, at least half, less) and their number (1, 2-3, 4+).
-constexpr int32_t kEvidenceClasses = 11;
+constexpr int32_t kCountEvidenceClasses = 11;
+// A draft token's agreement, the other part of its evidence class: how many of the row's other candidates
+// propose the same tokens up to and including it (0: the row has no other candidate, 1: none, 2: one, 3: two
+// or more).  Candidates that agree where others diverge are likelier to be right.
+constexpr int32_t kAgreementClasses = 4;
+constexpr int32_t kEvidenceClasses = kCountEvidenceClasses * kAgreementClasses;
+
+// The evidence class of a token whose count evidence is `counted` (evidence_class) and whose agreement is
+// `agreement` (kAgreementClasses).
+inline uint8_t with_agreement(uint8_t counted, int32_t agreement) {
+  return static_cast<uint8_t>(counted + kCountEvidenceClasses * agreement);
+}
 constexpr uint8_t kUnknownEvidence = 0;
 constexpr uint8_t kCertainEvidence = 1;
 
