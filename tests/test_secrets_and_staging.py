@@ -174,6 +174,12 @@ def test_the_key_is_given_once_and_a_key_file_must_hold_one(tmp_path: Path) -> N
 # --- relayed names ---------------------------------------------------------------------------------------------
 
 
+def _relayed_put(server: ServerProcess, upload_id: str, name: str, data: bytes, hop: str) -> httpx.Response:
+    """PUT ``data`` as file ``name`` of ``upload_id`` on ``server``, to be relayed to ``hop`` (server/upload ids)."""
+    return httpx.put(f"{server.url}/admin/weight_uploads/{upload_id}/files/{name}", content=data, timeout=60,
+                     headers={**AUTH, "X-Content-SHA256": hashlib.sha256(data).hexdigest(), RELAY_HEADER: hop})
+
+
 def _errors_400(server: ServerProcess) -> float:
     text = httpx.get(f"{server.url}/metrics", timeout=30).text
     found = re.search(r'^samrollout_http_errors_total\{code="400"\} (\S+)$', text, re.M)
@@ -188,19 +194,14 @@ def test_a_relayed_file_with_a_bad_name_is_refused_naming_it_and_never_reaches_t
     second = httpx.post(f"{second_tiny_server.url}/admin/weight_uploads", headers=AUTH, timeout=30).json()
     before = _errors_400(second_tiny_server)
     try:
-        refused = httpx.put(f"{tiny_server.url}/admin/weight_uploads/{first['upload_id']}/files/{name}",
-                            content=data, timeout=60,
-                            headers={**AUTH, "X-Content-SHA256": hashlib.sha256(data).hexdigest(),
-                                     RELAY_HEADER: f"{second['server_id']}/{second['upload_id']}"})
+        peer_hop = f"{second['server_id']}/{second['upload_id']}"
+        refused = _relayed_put(tiny_server, first["upload_id"], name, data, peer_hop)
         assert refused.status_code == 400, refused.text
         assert f"bad file name {name!r}" in refused.json()["error"]["message"]
         assert _errors_400(second_tiny_server) == before  # the peer was never asked
         # The name is checked before anything of the relay: even a hop that is no peer (a 403 for a good name)
         # gets the 400 naming the file.
-        unknown_hop = httpx.put(f"{tiny_server.url}/admin/weight_uploads/{first['upload_id']}/files/{name}",
-                                content=data, timeout=60,
-                                headers={**AUTH, "X-Content-SHA256": hashlib.sha256(data).hexdigest(),
-                                         RELAY_HEADER: f"{'0' * 16}/{second['upload_id']}"})
+        unknown_hop = _relayed_put(tiny_server, first["upload_id"], name, data, f"{'0' * 16}/{second['upload_id']}")
         assert unknown_hop.status_code == 400, unknown_hop.text
         assert f"bad file name {name!r}" in unknown_hop.json()["error"]["message"]
         shown = httpx.get(f"{second_tiny_server.url}/admin/weight_uploads/{second['upload_id']}", headers=AUTH,
