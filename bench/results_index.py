@@ -28,6 +28,8 @@ PAGES = [*sorted(ROOT.glob("docs/*.md")), ROOT / "README.md"]
 
 # The files the docs' current claims rest on, and what each shows; a plot is listed with its JSON (`plot_of`).
 CURRENT = {
+    "soak-cpu.json": "a 30-minute soak with the key and the trainer's port: mixed rollouts, weight pushes, bad "
+                     "requests and issue 59's hostile calls; requests lost, worst /health latency, RSS (issue 59)",
     "replay-gap-skyt1-clean-k3-4groups.json": "where sam-adaptive's extra steps over oracle(own+group) fall, by "
                                               "response position (Sky-T1 clean, 4 groups, k = 3; bench/replay_gap.py)",
     "replay-r1distill-k16-adaptive.json": "replay at equal k = 16, every round, R1-distill: sam-adaptive and "
