@@ -21,7 +21,10 @@ an idle connection), each of which must get its 4xx (or be closed) and nothing e
 (`hostile_calls`: a 400 KB path on the trainer's port, unauthenticated 30 MB bodies, a foreign
 Host and Origin, a text/plain admin POST, a connection flood on the main port, during which the
 trainer's port must answer).  ``/health`` is asked twice a second throughout; its worst latency
-is reported, with the API process's RSS at the start and the end.
+is reported, with the API process's RSS at the start and the end.  It is timed from a process of
+its own (`health_probe`: the load's event loop would add its own lag), beside a control server
+that does nothing, timed at the same moments: the control's latency is what the busy machine alone
+costs.
 
 A request is *lost* when it gets no answer (connection error or timeout), a 5xx, or a
 client rollout misses a sample.  Every ``--sample-seconds`` the server's API process and
@@ -55,6 +58,7 @@ from typing import Any
 import httpx
 
 from harness import write_json
+from health_probe import HealthProbe, summarise_checks
 from hostile_calls import hostile_round
 from plotting import save, subplots
 from provenance import command_line, git_commit
@@ -129,20 +133,6 @@ async def openai_group(openai: Any, tally: Tally, phase: str, group_id: str) -> 
         tally.record(phase, "openai_group", time.perf_counter() - start, "ok")  # a 429: admitted later, not lost
     except openai_errors.OpenAIError as error:
         tally.record(phase, "openai_group", time.perf_counter() - start, f"lost: {type(error).__name__}")
-
-
-async def health_watch(url: str, latencies: list[float], stop: asyncio.Event, every_s: float = 0.5) -> None:
-    """``/health`` twice a second until ``stop``; each answer's seconds (a failure or a non-200: 60)."""
-    async with httpx.AsyncClient(timeout=60) as http:
-        while not stop.is_set():
-            start = time.perf_counter()
-            try:
-                ok = (await http.get(f"{url}/health")).status_code == 200
-            except httpx.HTTPError:
-                ok = False
-            latencies.append(time.perf_counter() - start if ok else 60.0)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), every_s)
 
 
 async def cut_stream(http: httpx.AsyncClient, url: str, tally: Tally, phase: str) -> None:
@@ -464,7 +454,7 @@ class SoakRun:
     tally: Tally = field(default_factory=Tally)
     pushes: list[dict[str, Any]] = field(default_factory=list)
     samples: list[dict[str, Any]] = field(default_factory=list)
-    health_s: list[float] = field(default_factory=list)
+    health_checks: list[dict[str, float]] = field(default_factory=list)
     commit: str = "unknown"
     alive: bool = False
     exit_code: int = 0
@@ -486,18 +476,20 @@ def soak(args: argparse.Namespace) -> SoakRun:
 
     async def load_and_watch() -> None:
         stop = asyncio.Event()
-        watchers = [asyncio.create_task(sampler(server.url, server.process.pid, done.samples, time.perf_counter(),
-                                                args.sample_seconds, stop)),
-                    asyncio.create_task(health_watch(server.url, done.health_s, stop))]
+        watcher = asyncio.create_task(sampler(server.url, server.process.pid, done.samples, time.perf_counter(),
+                                              args.sample_seconds, stop))
         try:
             await run_load(server.url, trainer_url, model_dir, nan_dir, args, done.tally, done.pushes)
         finally:
             stop.set()
-            await asyncio.gather(*watchers)
+            await watcher
 
+    probe = HealthProbe(server.url, work / "health.json")
+    probe.start()
     try:
         asyncio.run(load_and_watch())
     finally:
+        done.health_checks = probe.stop()
         done.alive = server.process.poll() is None
         done.exit_code = server.stop()
     return done
@@ -511,13 +503,13 @@ def report(args: argparse.Namespace, done: SoakRun) -> dict[str, Any]:
     rss = [s["api_rss_mb"] for s in samples if "api_rss_mb" in s]
     return {"minutes": args.minutes, "warmup_minutes": args.warmup_minutes,
             "requests_sent": sum(sum(v.values()) for v in tally.outcomes.values()), "lost_requests": len(tally.lost),
-            "worst_health_s": max(done.health_s, default=None), "health_checks": len(done.health_s),
+            **summarise_checks(done.health_checks),
             "api_rss_mb_start": rss[0] if rss else None, "api_rss_mb_end": rss[-1] if rss else None,
             "lost_examples": tally.lost[:20], "unhealthy_samples": sum(not s["healthy"] for s in samples),
             "server_alive_at_end": done.alive, "server_exit_code": done.exit_code,
             **summarise(samples, args.warmup_minutes * 60), "phases": phases,
             "outcomes": {k: dict(v) for k, v in sorted(tally.outcomes.items())},
-            "weight_pushes": done.pushes, "samples": samples,
+            "weight_pushes": done.pushes, "samples": samples, "health": done.health_checks,
             "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
             "command": command_line("soak.py"), "commit": done.commit}
 
@@ -528,6 +520,12 @@ def print_report(result: dict[str, Any]) -> None:
     print(f"{'requests sent':<28}{result['requests_sent']:>10}")
     print(f"{'requests lost':<28}{result['lost_requests']:>10}")
     print(f"{'worst /health latency (s)':<28}{'n/a' if worst is None else f'{worst:.3f}':>10}")
+    for key, label in (("worst_control_s", "worst control latency (s)"),
+                       ("worst_health_over_control_s", "worst /health over control")):
+        value = result[key]
+        print(f"{label:<28}{'n/a' if value is None else f'{value:.3f}':>10}")
+    print(f"checks over 1 s: /health {result['health_over_1s']}, control {result['control_over_1s']} "
+          f"of {result['health_checks']}")
     for key in ("api_rss_mb_start", "api_rss_mb_end"):
         value = result[key]
         print(f"{key.replace('_', ' '):<28}{'n/a' if value is None else f'{value:.0f}':>10}")

@@ -23,6 +23,7 @@ from samrollout.server.api.request_gate import RequestGate
 from samrollout.server.areal import areal_routes
 from samrollout.server.areal.generation_gate import GenerationGate
 from samrollout.server.engine.engine_watch import engine_dead, exit_when_engine_dies, start_up_heartbeat
+from samrollout.server.engine.heap_freeze import freeze_startup_heap
 from samrollout.server.engine.runtime import ServerRuntime
 from samrollout.server.engine.startup import start_runtime
 from samrollout.server.errors import error_response, install_error_handlers
@@ -46,6 +47,7 @@ def build_app(settings: ServerSettings) -> FastAPI:
         app.state.runtime = runtime
         logger.info("serving %s (weights %s) with speculation %s", runtime.model_name, runtime.weight_version,
                     "on" if settings.speculation else "off")
+        freeze_startup_heap()  # last of start-up: a full collection must not stall the loop (`heap_freeze`)
         background = [asyncio.create_task(_finish_idle_rollouts(runtime)),
                       asyncio.create_task(_expire_idle_uploads(runtime)),
                       asyncio.create_task(runtime.weight_peers.watch(lambda: runtime.served_version)),

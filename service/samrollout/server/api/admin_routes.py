@@ -22,6 +22,7 @@ from pydantic import Field
 from samrollout.server.api.admin_bodies import ADMIN_ERRORS, IN_FLIGHT_HELP, AdminBody
 from samrollout.server.api.auth import require_api_key
 from samrollout.server.api.rl_fields import ID_PATTERN
+from samrollout.server.engine.heap_freeze import frozen_objects
 from samrollout.server.engine.runtime import ServerRuntime
 from samrollout.server.errors import ApiError
 from samrollout_client.protocol.modes import InFlight, PauseMode
@@ -155,7 +156,8 @@ async def status(request: Request, drafter: bool = True) -> dict[str, Any]:
     AReaL's pause holds new requests, what it did to those in flight, and how many wait (`generation_gate`).
     ``weight_peers`` (null without ``--weight-peers``): the peers as last probed (every 15 s): how many answer, are
     unreachable or refuse this server's key, every version served among them and this server, and ``split``: true
-    while they serve more than one (a push that committed on some servers only).
+    while they serve more than one (a push that committed on some servers only).  ``gc_frozen_objects``: the start-up
+    objects the garbage collector skips (`heap_freeze`; 0 would mean full collections walk them all, stalling the loop).
     """
     runtime = _runtime(request)
     stats = await runtime.drafter_stats() if drafter else None
@@ -166,4 +168,5 @@ async def status(request: Request, drafter: bool = True) -> dict[str, Any]:
             "queue": runtime.queue.status(), "last_weight_update": runtime.last_update,
             "areal": None if runtime.generation_gate is None else runtime.generation_gate.status(),
             "weight_peers": runtime.weight_peers.summary(runtime.served_version),
+            "gc_frozen_objects": frozen_objects(),
             "drafter": None if not drafter else {} if stats is None else stats.to_json()}
