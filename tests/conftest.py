@@ -429,31 +429,6 @@ held_server = server_fixture("held_server", held_server_args, scope="session",
                              env={HOLD_DIR_ENV: str(WEIGHT_LOAD_HOLDS)})
 
 
-TRAINER_PORT_KEY = "trainer-port-key"  # not the session's API_KEY: its peer tiny_server refuses it
-TRAINER_PORT = free_port()
-TRAINER_URL = f"http://127.0.0.1:{TRAINER_PORT}"
-TRAINER_WEIGHTS_ROOT = Path(tempfile.gettempdir()) / f"samrollout-test-trainer-root-{os.getpid()}"
-atexit.register(shutil.rmtree, TRAINER_WEIGHTS_ROOT, ignore_errors=True)
-TRAINER_MAIN_CONNECTIONS = 16
-TRAINER_MAX_HELD, TRAINER_HOLD_TIMEOUT_S = 2, 8
-
-
-def trainer_server_args(tiny_dir: Path) -> list[str]:
-    """A key, AReaL's routes on the trainer's own port, loads confined to a weights root, `tiny_server` (another key)
-    as its weight peer, a main port of few connections and a pause that holds few requests for a short time: the
-    server of the access checks (test_weight_access) and the request gate's (test_request_gate), started once."""
-    TRAINER_WEIGHTS_ROOT.mkdir(exist_ok=True)
-    return ["--model", str(tiny_dir), "--served-model-name", "tiny", "--api-key", TRAINER_PORT_KEY, "--areal-routes",
-            "--areal-port", str(TRAINER_PORT), "--weights-root", str(TRAINER_WEIGHTS_ROOT),
-            "--weight-peers", peer_url("tiny_server"), "--max-connections", str(TRAINER_MAIN_CONNECTIONS),
-            "--header-timeout", "60", "--areal-max-held-requests", str(TRAINER_MAX_HELD),
-            "--areal-hold-timeout", str(TRAINER_HOLD_TIMEOUT_S), "--max-model-len", str(TINY_CONTEXT),
-            "--dtype", "float32", "--gpu-memory-utilization", str(TINY_SERVER_MEMORY)]
-
-
-trainer_server = server_fixture("trainer_server", trainer_server_args, scope="session")
-
-
 @pytest.fixture(scope="session")
 def tiny_server_to_kill(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
     """A tiny server (`second_tiny_server`'s flags) for the one test that kills it; stopped at the end if alive."""

@@ -1,6 +1,6 @@
 """Nothing a caller sends freezes the server, and no browser can drive it (issue 59, items 1, 2, 3 and 6).
 
-Two real servers on the tiny model.  conftest's `trainer_server` has an API key, AReaL's routes on the
+Two real servers on the tiny model.  `gate_server` has an API key, AReaL's routes on the
 trainer's own port, a weights root, a main port of only `MAIN_CONNECTIONS` connections, and a
 pause that holds at most `MAX_HELD` requests for `HOLD_TIMEOUT_S` seconds.  conftest's
 `held_server` has no key (loopback, AReaL's routes): the Host, Origin and body-type checks hold there too.
@@ -18,7 +18,9 @@ pause that holds at most `MAX_HELD` requests for `HOLD_TIMEOUT_S` seconds.  conf
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -29,18 +31,33 @@ import httpx
 import pytest
 from openai import OpenAI
 
-from conftest import TRAINER_MAIN_CONNECTIONS as MAIN_CONNECTIONS
-from conftest import TRAINER_MAX_HELD as MAX_HELD
-from conftest import TRAINER_PORT_KEY as KEY
-from conftest import TRAINER_URL as TRAINER
-from conftest import TRAINER_WEIGHTS_ROOT as ROOT
-from samrollout.testing import ServerProcess
+from conftest import TINY_CONTEXT, TINY_SERVER_MEMORY, server_fixture
+from samrollout.testing import ServerProcess, free_port
 from samrollout_client import RolloutClient, Sampling
 
+KEY = "request-gate-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
+TRAINER_PORT = free_port()
+TRAINER = f"http://127.0.0.1:{TRAINER_PORT}"
+ROOT = Path(tempfile.gettempdir()) / f"samrollout-test-gate-root-{os.getpid()}"
+MAIN_CONNECTIONS = 16
+MAX_HELD, HOLD_TIMEOUT_S = 2, 8
 PROBE = {"model": "tiny", "prompt": "the gate", "max_tokens": 4, "temperature": 0}
 BIG_BODY_BYTES = 30 * 1000 * 1000
 RSS_MARGIN_KB = 200 * 1024
+
+
+def gate_server_args(tiny_dir: Path) -> list[str]:
+    """A key, AReaL's routes on the trainer's port, a weights root, few main-port connections, a small hold."""
+    ROOT.mkdir(exist_ok=True)
+    return ["--model", str(tiny_dir), "--served-model-name", "tiny", "--api-key", KEY, "--areal-routes",
+            "--areal-port", str(TRAINER_PORT), "--weights-root", str(ROOT), "--max-connections", str(MAIN_CONNECTIONS),
+            "--header-timeout", "60", "--areal-max-held-requests", str(MAX_HELD),
+            "--areal-hold-timeout", str(HOLD_TIMEOUT_S), "--max-model-len", str(TINY_CONTEXT), "--dtype", "float32",
+            "--gpu-memory-utilization", str(TINY_SERVER_MEMORY)]
+
+
+gate_server = server_fixture("gate_server", gate_server_args)
 
 
 def _rss_kb(pid: int) -> int:
@@ -64,10 +81,10 @@ def _health_latencies(url: str, stop: threading.Event, worst: list[float]) -> No
 
 
 def test_a_400_kb_path_on_the_trainer_port_is_a_400_at_once_and_health_keeps_answering(
-        trainer_server: ServerProcess) -> None:
+        gate_server: ServerProcess) -> None:
     path = "/" + "a/" * 200_000  # 400 KB: resolving it on the event loop took minutes
     stop, worst = threading.Event(), [0.0]
-    watcher = threading.Thread(target=_health_latencies, args=(trainer_server.url, stop, worst))
+    watcher = threading.Thread(target=_health_latencies, args=(gate_server.url, stop, worst))
     watcher.start()
     try:
         time.sleep(0.3)
@@ -81,7 +98,7 @@ def test_a_400_kb_path_on_the_trainer_port_is_a_400_at_once_and_health_keeps_ans
     assert took < 1.0 and max(worst) < 1.0, (took, max(worst))
     assert reply.status_code == 400, reply.text[:300]
     assert "4096 bytes" in reply.json()["error"]["message"] and reply.json()["error"]["param"] == "model_path"
-    name = httpx.post(f"{trainer_server.url}/admin/update_weights", headers=AUTH, timeout=30,
+    name = httpx.post(f"{gate_server.url}/admin/update_weights", headers=AUTH, timeout=30,
                       json={"path": f"{ROOT}/{'n' * 300}", "version": "x"})
     assert name.status_code == 400 and "255 bytes" in name.json()["error"]["message"], name.text
 
@@ -101,15 +118,15 @@ def _send_big_body(url: httpx.URL) -> bytes:
             return b""
 
 
-def test_unauthenticated_big_bodies_leave_memory_bounded_and_the_server_serving(trainer_server: ServerProcess) -> None:
-    before = _rss_kb(trainer_server.process.pid)
-    url = httpx.URL(trainer_server.url)
+def test_unauthenticated_big_bodies_leave_memory_bounded_and_the_server_serving(gate_server: ServerProcess) -> None:
+    before = _rss_kb(gate_server.process.pid)
+    url = httpx.URL(gate_server.url)
     peak = [before]
     stop = threading.Event()
 
     def sample() -> None:
         while not stop.is_set():
-            peak.append(_rss_kb(trainer_server.process.pid))
+            peak.append(_rss_kb(gate_server.process.pid))
             time.sleep(0.05)
 
     sampler = threading.Thread(target=sample)
@@ -123,17 +140,17 @@ def test_unauthenticated_big_bodies_leave_memory_bounded_and_the_server_serving(
     assert all(a == b"" or a.startswith(b"HTTP/1.1 401") for a in answers), [a[:100] for a in answers]
     assert any(a.startswith(b"HTTP/1.1 401") for a in answers)
     assert max(peak) - before < RSS_MARGIN_KB, (before, max(peak))
-    reply = httpx.post(f"{trainer_server.url}/v1/completions", headers=AUTH, json=PROBE, timeout=120)
+    reply = httpx.post(f"{gate_server.url}/v1/completions", headers=AUTH, json=PROBE, timeout=120)
     assert reply.status_code == 200, reply.text
 
 
-def test_the_trainer_port_answers_while_every_main_port_connection_is_held(trainer_server: ServerProcess) -> None:
-    url = httpx.URL(trainer_server.url)
+def test_the_trainer_port_answers_while_every_main_port_connection_is_held(gate_server: ServerProcess) -> None:
+    url = httpx.URL(gate_server.url)
     held = [socket.create_connection((url.host, url.port), timeout=30) for _ in range(MAIN_CONNECTIONS + 4)]
     try:
         time.sleep(0.5)
         try:
-            main: int | None = httpx.get(f"{trainer_server.url}/health", timeout=10).status_code
+            main: int | None = httpx.get(f"{gate_server.url}/health", timeout=10).status_code
         except httpx.HTTPError:
             main = None  # closed at once
         assert main in (503, None), main  # the main port's budget is spent
@@ -145,14 +162,14 @@ def test_the_trainer_port_answers_while_every_main_port_connection_is_held(train
             sock.close()
 
 
-def test_requests_held_by_a_pause_are_capped_and_time_out_with_a_clear_error(trainer_server: ServerProcess) -> None:
+def test_requests_held_by_a_pause_are_capped_and_time_out_with_a_clear_error(gate_server: ServerProcess) -> None:
     assert httpx.post(f"{TRAINER}/areal_pause_generation", json={}, timeout=60).status_code == 200
     try:
         with ThreadPoolExecutor(max_workers=MAX_HELD) as pool:
             held = [pool.submit(httpx.post, f"{TRAINER}/v1/completions", json=PROBE, timeout=120)
                     for _ in range(MAX_HELD)]
             deadline = time.monotonic() + 30
-            while httpx.get(f"{trainer_server.url}/admin/status", headers=AUTH, timeout=30).json()["areal"][
+            while httpx.get(f"{gate_server.url}/admin/status", headers=AUTH, timeout=30).json()["areal"][
                     "waiting_requests"] < MAX_HELD:
                 assert time.monotonic() < deadline, "the held requests never arrived"
                 time.sleep(0.1)
@@ -168,12 +185,11 @@ def test_requests_held_by_a_pause_are_capped_and_time_out_with_a_clear_error(tra
 
 
 def test_a_request_without_the_key_is_refused_before_its_body_with_connection_close(
-        trainer_server: ServerProcess) -> None:
-    reply = httpx.post(f"{trainer_server.url}/admin/update_weights", json={"path": str(ROOT), "version": "x"},
-                       timeout=30)
+        gate_server: ServerProcess) -> None:
+    reply = httpx.post(f"{gate_server.url}/admin/update_weights", json={"path": str(ROOT), "version": "x"}, timeout=30)
     assert reply.status_code == 401 and reply.json()["error"]["type"] == "AuthenticationError"
     assert reply.headers["connection"] == "close"
-    assert httpx.get(f"{trainer_server.url}/health", timeout=30).status_code == 200  # the probes need no key
+    assert httpx.get(f"{gate_server.url}/health", timeout=30).status_code == 200  # the probes need no key
 
 
 @pytest.mark.parametrize(("what", "headers", "status"), [
