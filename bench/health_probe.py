@@ -12,7 +12,6 @@ from __future__ import annotations
 import http.server
 import json
 import multiprocessing
-import socket
 import time
 from dataclasses import dataclass
 from multiprocessing.synchronize import Event
@@ -20,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
+from samrollout.testing import free_port
 
 FAILED_S = 60.0  # the latency recorded for a failed check or a non-200
 
@@ -62,12 +63,6 @@ def _probe(server_url: str, control_url: str, every_s: float, stop: Event, out: 
     Path(out).write_text(json.dumps(checks))
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @dataclass
 class HealthProbe:
     """The probe and control processes of one soak: `start`, then `stop` for every check's two latencies."""
@@ -79,7 +74,7 @@ class HealthProbe:
     def start(self) -> None:
         """Start the control server and the probe (they run until `stop`)."""
         context = multiprocessing.get_context("spawn")
-        port = _free_port()
+        port = free_port()
         self._control = context.Process(target=_serve_control, args=(port,), daemon=True)
         self._control.start()
         self._stop = context.Event()
