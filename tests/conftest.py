@@ -164,6 +164,7 @@ def _run(run: EngineRun, cpus: list[int]) -> dict[str, Any]:
     if proc.returncode != 0:
         raise RuntimeError(f"engine jobs failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
     result: dict[str, Any] = json.loads(out_file.read_text())
+    result["workdir"] = str(run.workdir)  # where the run wrote its files (logs its environment asked for)
     return result
 
 
@@ -274,8 +275,12 @@ def _launch(args: list[str], log: Path, port: int | None = None, env: dict[str, 
     return server
 
 
-def _runs_engines(item: pytest.Item) -> bool:
-    return "planned_engine_runs" in getattr(item, "fixturenames", ()) or item.get_closest_marker("engines") is not None
+def _engine_places(items: Sequence[pytest.Item]) -> set[int]:
+    """The places of the tests that run vLLM engines of their own: those marked ``engines``, and the first that
+    takes `planned_engine_runs` (the whole pool runs there, once)."""
+    places = {i for i, item in enumerate(items) if item.get_closest_marker("engines") is not None}
+    pooled = (i for i, item in enumerate(items) if "planned_engine_runs" in getattr(item, "fixturenames", ()))
+    return places | {first} if (first := next(pooled, None)) is not None else places
 
 
 _SESSION_ENVIRON = dict(os.environ)
@@ -297,8 +302,9 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     firsts = {}
     for name in AHEAD_SERVERS:
         firsts[name] = next((i for i, item in enumerate(items) if name in getattr(item, "fixturenames", ())), None)
+    engines = _engine_places(items)
     for name, first in sorted(((n, f) for n, f in firsts.items() if f is not None), key=lambda entry: entry[1]):
-        barrier = max((i for i in range(first) if _runs_engines(items[i])), default=-1)
+        barrier = max((i for i in engines if i < first), default=-1)
         _launches.ahead.append((barrier + 1, name))
     if not needed and not _launches.ahead:
         return

