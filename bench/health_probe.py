@@ -20,6 +20,7 @@ from typing import Any
 
 import httpx
 
+from harness import percentile
 from samrollout.testing import free_port
 
 FAILED_S = 60.0  # the latency recorded for a failed check or a non-200
@@ -95,7 +96,7 @@ def summarise_checks(checks: list[dict[str, float]]) -> dict[str, Any]:
     """Worst and p99 of the server's and the control's latencies, and the server's worst excess over the control
     at the same check (what the server itself added)."""
     def p99(values: list[float]) -> float | None:
-        return sorted(values)[int(0.99 * (len(values) - 1))] if values else None
+        return percentile(values, 0.99) if values else None
 
     health = [c["health_s"] for c in checks]
     control = [c["control_s"] for c in checks]

@@ -57,7 +57,7 @@ from typing import Any
 
 import httpx
 
-from harness import write_json
+from harness import percentile, write_json
 from health_probe import HealthProbe, summarise_checks
 from hostile_calls import hostile_round
 from plotting import save, subplots
@@ -326,12 +326,6 @@ def summarise(samples: list[dict[str, Any]], warmup_s: float) -> dict[str, dict[
                                            for key in keys},
             "second_half_floor_slopes_pct_per_10min": {key: slope_pct_per_10min(floors(samples, key), key, half_s)
                                                        for key in keys}}
-
-
-def percentile(values: list[float], q: float) -> float:
-    """The ``q`` quantile (nearest rank) of ``values``."""
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
 
 
 async def push_loop(client: Any, model_dir: Path, every_s: float, deadline: float,
