@@ -63,19 +63,9 @@ class EngineRun:
     expected_s: float = 0.0  # about how long it runs on one CPU: `planned_engine_runs` starts the longest first
 
 
-def run_engine_jobs(model: Path, speculation: dict[str, Any] | None, jobs: list[dict[str, Any]],
-                    workdir: Path, **engine: Any) -> dict[str, Any]:
-    """Run ``jobs`` on a fresh engine in a subprocess (tests/support/engine_jobs.py), on every CPU; its JSON."""
-    return run_engine(EngineRun(model, speculation, jobs, workdir, engine))
-
-
-def run_engine(run: EngineRun) -> dict[str, Any]:
-    """``run`` alone, on every CPU of this process: its JSON."""
-    return _run(run, sorted(os.sched_getaffinity(0)))
-
-
-def run_engines_together(runs: Sequence[EngineRun]) -> list[dict[str, Any]]:
-    """Each run's JSON, in order; as many engines at once as this process has CPUs, each on CPUs of its own.
+def _run_together(runs: Sequence[EngineRun]) -> list[dict[str, Any] | Exception]:
+    """Each run's JSON (or its error, in its place: the other runs go on), in order; as many engines at once as
+    this process has CPUs, each on CPUs of its own.
 
     The tiny model's engine spends most of its time in single-threaded Python (scheduling,
     drafting), so two side by side, one CPU each, beat two in turn on both (its exactness pair:
@@ -84,16 +74,6 @@ def run_engines_together(runs: Sequence[EngineRun]) -> list[dict[str, Any]]:
     must use the same function: each runs with as many compute threads as it has CPUs.  Engines running at once
     share `ENGINE`'s memory reservation (a run may set its own).
     """
-    results: list[dict[str, Any]] = []
-    for outcome in _run_together(runs):
-        if isinstance(outcome, Exception):
-            raise outcome
-        results.append(outcome)
-    return results
-
-
-def _run_together(runs: Sequence[EngineRun]) -> list[dict[str, Any] | Exception]:
-    """`run_engines_together`, each run's error in its place instead of raised (the other runs go on)."""
     cpus = sorted(os.sched_getaffinity(0))
     slots = max(1, min(len(runs), len(cpus)))
     free: queue.SimpleQueue[list[int]] = queue.SimpleQueue()
@@ -123,7 +103,7 @@ def planned_engine_runs(request: pytest.FixtureRequest, tiny_dir: Path, smollm2_
                         tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, dict[str, Any] | Exception]]:
     """Every collected module's `EnginePlan` (its ``engine_plan``) run once, in one pool: module -> run -> JSON.
 
-    One `run_engines_together` for all of them, the longest runs first (`EngineRun.expected_s`): run per
+    One `_run_together` for all of them, the longest runs first (`EngineRun.expected_s`): run per
     module, each module's last engine ran alone with the other CPUs idle (about a minute of one of two CPUs
     for the SmolLM2 runs of test_sampled_exactness.py); in one pool, the short runs of the other module fill
     them.  A run that fails fails the tests of its own module only (`planned_runs` raises it there).
@@ -252,12 +232,6 @@ class _Launches:
 _launches = _Launches()
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    """Register the ``engines`` marker (no server is launched ahead across such a test: `pytest_collection_finish`)."""
-    config.addinivalue_line("markers", "engines: the test runs vLLM engines of its own (run_engine_jobs, "
-                                       "run_engines_together): no server is launched ahead of a later test before it")
-
-
 def _memory_share(args: list[str]) -> float:
     """The share of the machine's memory a server with flags ``args`` holds (`AHEAD_MEMORY`)."""
     flag = "--gpu-memory-utilization"
@@ -275,12 +249,10 @@ def _launch(args: list[str], log: Path, port: int | None = None, env: dict[str, 
     return server
 
 
-def _engine_places(items: Sequence[pytest.Item]) -> set[int]:
-    """The places of the tests that run vLLM engines of their own: those marked ``engines``, and the first that
-    takes `planned_engine_runs` (the whole pool runs there, once)."""
-    places = {i for i, item in enumerate(items) if item.get_closest_marker("engines") is not None}
-    pooled = (i for i, item in enumerate(items) if "planned_engine_runs" in getattr(item, "fixturenames", ()))
-    return places | {first} if (first := next(pooled, None)) is not None else places
+def _pool_place(items: Sequence[pytest.Item]) -> int | None:
+    """The place of the first test that takes `planned_engine_runs`: the whole pool of engines runs there, once."""
+    return next((i for i, item in enumerate(items) if "planned_engine_runs" in getattr(item, "fixturenames", ())),
+                None)
 
 
 _SESSION_ENVIRON = dict(os.environ)
@@ -290,9 +262,9 @@ OPENAI_API_KEY, OPENAI_BASE_URL and others), and the servers and clients of othe
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Put back the environment the test modules' imports changed (`_SESSION_ENVIRON`); launch the shared servers
-    the collected tests need (the fixtures wait for them), and plan when to launch each `AHEAD_SERVERS` server: from
-    the test after the last one before its first test that runs engines of its own (their memory), in the order of
-    their first tests, within `AHEAD_MEMORY` (`pytest_runtest_setup`)."""
+    the collected tests need (the fixtures wait for them), and plan when to launch each `AHEAD_SERVERS` server: in
+    the order of their first tests, within `AHEAD_MEMORY` (`pytest_runtest_setup`), and one whose first test comes
+    after the engine pool's (`_pool_place`) only after the pool (its memory)."""
     os.environ.clear()
     os.environ.update(_SESSION_ENVIRON)
     if session.config.option.collectonly:
@@ -302,9 +274,9 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     firsts = {}
     for name in AHEAD_SERVERS:
         firsts[name] = next((i for i, item in enumerate(items) if name in getattr(item, "fixturenames", ())), None)
-    engines = _engine_places(items)
+    pool = _pool_place(items)
     for name, first in sorted(((n, f) for n, f in firsts.items() if f is not None), key=lambda entry: entry[1]):
-        barrier = max((i for i in engines if i < first), default=-1)
+        barrier = pool if pool is not None and pool < first else -1
         _launches.ahead.append((barrier + 1, name))
     if not needed and not _launches.ahead:
         return
