@@ -10,7 +10,7 @@ import pytest
 
 from samrollout._core import core
 from samrollout.config import SpeculationConfig
-from samrollout.drafter import DRAFT_SOURCES, DraftPolicy, SamDrafter, match_bucket
+from samrollout.drafter import DRAFT_SOURCES, DraftPolicy, Proposals, SamDrafter, match_bucket
 from samrollout.sim.cost import CostTable
 from samrollout.spec_decode.goodput import critical_weights, longest_rows
 from samrollout.spec_decode.session import DraftSession, SessionSettings, StepRow
@@ -65,9 +65,9 @@ def test_match_lengths_are_bucketed_by_half_octaves() -> None:
     assert [match_bucket(m) for m in lengths] == [0, 1, 2, 3, 4, 4, 5, 5, 6, 6, 7, 8, 9, int(core.MATCH_BUCKETS) - 1]
 
 
-def _session(max_draft: int = 16, cost: str = "linear") -> DraftSession:
+def _session(max_draft: int = 16, cost: str = "linear", proposals: Proposals = "copies") -> DraftSession:
     config = SpeculationConfig(max_draft=max_draft, cost_prior=cost, history_tokens=0,
-                               policy=DraftPolicy(min_match_length=1))
+                               policy=DraftPolicy(min_match_length=1, proposals=proposals))
     return DraftSession(config, VOCAB, SessionSettings(largest_draft=max_draft, confident_k=3))
 
 
@@ -184,7 +184,7 @@ def test_only_rows_longer_than_every_other_are_the_critical_path() -> None:
     assert critical_weights([50, 90], 2, 16.0).tolist() == [1.0, 1.0]  # every row critical: nothing to favour
 
 
-def _tokens_per_second(proposals: str | None, seconds: Callable[[int, int], float],
+def _tokens_per_second(proposals: Proposals | None, seconds: Callable[[int, int], float],
                        told: Callable[[int, int], float] | None = None) -> float:
     """Eight rows of random text where a 5 is always followed by a 6 (every sixth token): the device's tokens per
     second over the last 100 of 200 steps with the adaptive policy (``proposals``; None: nothing drafted)."""
@@ -192,9 +192,7 @@ def _tokens_per_second(proposals: str | None, seconds: Callable[[int, int], floa
     prompt = list(rng.integers(0, VOCAB, 32))
     truths = {f"r{i}": prompt + [t for _ in range(200) for t in [*rng.integers(0, VOCAB, 4).tolist(), 5, 6]]
               for i in range(8)}
-    config = SpeculationConfig(max_draft=16, cost_prior="linear", history_tokens=0,
-                               policy=DraftPolicy(min_match_length=1, proposals=proposals or "copies"))
-    session = DraftSession(config, VOCAB, SessionSettings(largest_draft=16, confident_k=3))
+    session = _session(proposals=proposals or "copies")
     if proposals is None:
         session.step = lambda rows, *_, **__: [[] for _ in rows]  # type: ignore[method-assign]
     _, clock = _replay(session, truths, len(prompt), 200, seconds, told=told)
@@ -213,7 +211,8 @@ def _switch_step(rows: int, tokens: int) -> float:
 
 
 @pytest.mark.parametrize("proposals", ["copies", "counted"])
-def test_a_device_where_any_draft_costs_a_switch_learns_it_and_drafting_never_costs_throughput(proposals: str) -> None:
+def test_a_device_where_any_draft_costs_a_switch_learns_it_and_drafting_never_costs_throughput(
+        proposals: Proposals) -> None:
     # Where drafts are cheap the sure 6 after a 5 pays; where any draft costs as much as a plain step, drafting
     # pays at best when every row drafts at once: the policy learns the switch and delivers what not drafting does.
     undrafted = _tokens_per_second(None, _plain_step)
