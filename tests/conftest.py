@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import queue
@@ -220,6 +221,7 @@ class _Launches:
     alive: list[tuple[Any, float]] = field(default_factory=list)  # (ServerProcess, its memory share), ended or not
     ahead: list[tuple[int, str]] = field(default_factory=list)  # (place of the first test it may launch at, name)
     place: dict[str, int] = field(default_factory=dict)  # test node id -> its place in the run
+    first_use: dict[str, int] = field(default_factory=dict)  # server fixture name -> the place of its first test
     current: int = -1  # the place of the test running
     tiny: Path | None = None  # the tiny model's directory
     logs: Path | None = None  # where their logs go
@@ -272,10 +274,12 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     items = session.items
     needed = [name for name in SHARED_SERVERS if any(name in getattr(item, "fixturenames", ()) for item in items)]
     firsts = {}
-    for name in AHEAD_SERVERS:
+    for name in [*AHEAD_SERVERS, *needed]:
         firsts[name] = next((i for i, item in enumerate(items) if name in getattr(item, "fixturenames", ())), None)
+    _launches.first_use.update((name, first) for name, first in firsts.items() if first is not None)
     pool = _pool_place(items)
-    for name, first in sorted(((n, f) for n, f in firsts.items() if f is not None), key=lambda entry: entry[1]):
+    for name, first in sorted(((n, f) for n, f in firsts.items() if f is not None and n in AHEAD_SERVERS),
+                              key=lambda entry: entry[1]):
         barrier = pool if pool is not None and pool < first else -1
         _launches.ahead.append((barrier + 1, name))
     if not needed and not _launches.ahead:
@@ -286,6 +290,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     for name in needed:
         _launched[name] = _launch(SHARED_SERVERS[name](_launches.tiny), _launches.logs / f"{name}.log",
                                   PEER_PORTS.get(name))
+    _prioritise()
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -306,6 +311,7 @@ def _launch_ahead() -> None:
             return
         _launches.ahead.pop(0)
         _launched[name] = _launch(args, _launches.logs / f"{name}.log", PEER_PORTS.get(name), AHEAD_ENV.get(name))
+        _prioritise()
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
@@ -340,9 +346,42 @@ def take_server(name: str, args: ServerArgs, tiny_dir: Path, tmp_path_factory: p
         _launches.ahead = [(place, ahead) for place, ahead in _launches.ahead if ahead != name]
         server = _launch(args(tiny_dir), tmp_path_factory.mktemp(name) / "server.log", PEER_PORTS.get(name),
                          AHEAD_ENV.get(name))
+    _prioritise(taking=server)
     server.ready()
     _launch_ahead()  # the next one may start now
     return server
+
+
+NICE_STEP = 5  # the niceness between two starting servers, one needed after the other (`_prioritise`)
+
+
+def _prioritise(taking: Any = None) -> None:
+    """Give the CPU to the starting server needed first: the server a test is waiting for (``taking``) and those
+    already serving run at niceness 0, the others still starting at `NICE_STEP` more for each server needed
+    before them (by their first test).  A start is mostly single-threaded imports: side by side, starts fill
+    both CPUs, but shared equally each is ready only when all are, and the first test waits for the last.
+    Raising a process's priority again needs root (CI's case); elsewhere nothing is changed."""
+    if os.geteuid() != 0:
+        return
+    starting = sorted((name for name, server in _launched.items() if server is not taking),
+                      key=lambda name: _launches.first_use.get(name, 1 << 30))
+    ranks = {id(_launched[name]): rank + (taking is not None) for rank, name in enumerate(starting)}
+    for server, _ in _launches.alive:
+        _renice(server.process.pid, min(19, NICE_STEP * ranks.get(id(server), 0)))
+
+
+def _renice(pid: int, niceness: int) -> None:
+    """Set the niceness of process ``pid`` and of its children (a server's engine core and worker)."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        for process in [root, *root.children(recursive=True)]:
+            with contextlib.suppress(psutil.Error):
+                if process.nice() != niceness:
+                    process.nice(niceness)
+    except psutil.Error:  # ended
+        pass
 
 
 def server_fixture(name: str, args: ServerArgs, scope: Literal["session", "module", "function"] = "module",
